@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from ssd_pipelines.sampling import SamplingConfig, residual, sample, target_probs, verify_round
+
+
+def test_greedy_is_one_hot_on_the_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5]])
+    probs = target_probs(logits, SamplingConfig(temperature=0))
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_guidance_combines_the_two_branches_of_one_batch():
+    cond, uncond = torch.randn(2, 5), torch.randn(2, 5)
+    probs = target_probs(torch.cat([cond, uncond]), SamplingConfig(guidance_scale=3.0, temperature=0.5))
+    expected = ((uncond + 3.0 * (cond - uncond)) / 0.5).softmax(-1)
+    assert probs.shape == (2, 5)
+    torch.testing.assert_close(probs, expected)
+
+
+def test_top_k_and_top_p_keep_the_right_codes():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    top_k = target_probs(logits, SamplingConfig(top_k=2))
+    torch.testing.assert_close(top_k, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    top_p = target_probs(logits, SamplingConfig(top_p=0.7))  # 0.5 + 0.3 reach 0.7
+    torch.testing.assert_close(top_p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
+        ({"top_k": 0}, "top_k must be a positive integer"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"),
+    ],
+)
+def test_bad_sampling_settings_say_what_to_change(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+
+
+def test_residual_keeps_only_the_mass_p_has_beyond_q():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    torch.testing.assert_close(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(residual(p, p), p)  # never used, but a valid distribution
+
+
+def test_one_round_turns_samples_of_q_into_samples_of_p():
+    """The speculative-sampling identity the whole method rests on, cell by cell."""
+    generator = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    q = torch.tensor([0.4, 0.4, 0.1, 0.1])
+    n = 200_000
+    q_batch, p_batch = q.expand(1, n, 4), p.expand(1, n, 4)
+    tokens = sample(q_batch, generator)
+    verified, next_q, accepted = verify_round(tokens, q_batch, p_batch, generator)
+    frequencies = torch.bincount(verified.flatten(), minlength=4) / n
+    assert torch.allclose(frequencies, p, atol=0.005)
+    expected_acceptance = torch.minimum(p, q).sum()  # P(accept) = sum min(p, q)
+    assert abs(accepted.float().mean() - expected_acceptance) < 0.005
+    assert next_q is p_batch  # the next round proposes from this round's target
+
+
+def test_greedy_round_replaces_a_wrong_draft_by_the_target_argmax():
+    q = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+    p = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])
+    tokens, _, accepted = verify_round(torch.tensor([[0, 1]]), q, p)
+    assert tokens.tolist() == [[0, 2]]
+    assert accepted.tolist() == [[True, False]]
