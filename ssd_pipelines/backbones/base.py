@@ -1,0 +1,150 @@
+"""The backbone contract: all a decoding strategy may ask of an autoregressive image model.
+
+A strategy sees a grid of image codes in raster order, optionally with a forced
+end-of-line token after every row, and asks the adapter five things: run tokens
+through the model (appending to a KV cache it can rewind), map pre-norm hidden
+states to image-codebook logits, embed codes, build the prompt batch, and turn a
+grid of codes into pixels. Adapters never draft; strategies never know a model.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+import torch
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """Geometry of the image part of the token sequence.
+
+    The image is `rows` x `cols` codes in raster order. With `eol_token_id`, that
+    token (a vocabulary id) is forced after every row, as in Emu3 and Lumina-mGPT.
+    """
+
+    rows: int
+    cols: int
+    codebook_size: int
+    eol_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.cols < 1 or self.codebook_size < 2:
+            raise ValueError(f"an image grid needs rows, cols >= 1 and codebook_size >= 2, got {self}.")
+
+    @property
+    def has_eol(self) -> bool:
+        return self.eol_token_id is not None
+
+    @property
+    def row_length(self) -> int:
+        """Sequence positions one row takes, its end-of-line token included."""
+        return self.cols + int(self.has_eol)
+
+    @property
+    def num_cells(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def sequence_length(self) -> int:
+        return self.rows * self.row_length
+
+
+@dataclass
+class PromptBatch:
+    """Left-padded prompts ending just before the first image code.
+
+    With guidance the batch holds 2B rows: the B conditional prompts first, then
+    their B unconditional (or negative) counterparts, so that one forward pass
+    serves both branches.
+    """
+
+    input_ids: torch.Tensor  # [B', P]
+    attention_mask: torch.Tensor  # [B', P], 0 on left padding
+    batch_size: int  # B: images generated
+    guidance: bool
+
+    def __post_init__(self) -> None:
+        expected = 2 * self.batch_size if self.guidance else self.batch_size
+        if self.input_ids.shape[0] != expected:
+            raise ValueError(f"a prompt batch of {self.batch_size} images needs {expected} rows, got {self.input_ids.shape[0]}.")
+
+
+@dataclass
+class KVState:
+    """A KV cache over prompt + committed image tokens, and what positions need."""
+
+    cache: object  # the model's cache object (transformers `DynamicCache` for HF models)
+    prompt_mask: torch.Tensor | None  # [B', P]; None when no row is padded
+    prompt_lengths: torch.Tensor  # [B', 1] tokens of each row that are not padding
+    prompt_width: int  # P
+    length: int  # tokens in the cache, padding included
+
+
+class ImageBackbone(ABC):
+    """An autoregressive image generator as seen by the decoding strategies."""
+
+    hidden_size: int  # width of the pre-norm hidden states
+    embed_size: int  # width of the input embeddings of image codes
+
+    @property
+    @abstractmethod
+    def grid(self) -> ImageGrid:
+        """The native grid of this model."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """Where the model's weights live; strategies put their tensors there."""
+
+    def grid_for_size(self, height: int | None = None, width: int | None = None) -> ImageGrid:
+        """The grid that makes an image of this size; raises if the model cannot make it."""
+        native = self.image_size
+        if (height or native[0], width or native[1]) != native:
+            raise ValueError(
+                f"this backbone makes {native[0]}x{native[1]} images only (a {self.grid.rows}x{self.grid.cols} "
+                f"grid of codes); pass height={native[0]}, width={native[1]} or leave them unset."
+            )
+        return self.grid
+
+    @property
+    @abstractmethod
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) in pixels of the native grid."""
+
+    @abstractmethod
+    def encode_prompts(
+        self,
+        prompts: list[str],
+        negative_prompts: list[str] | None = None,
+        num_images_per_prompt: int = 1,
+        guidance: bool = False,
+    ) -> PromptBatch:
+        """Tokenize prompts into a batch that ends where the first image code goes."""
+
+    @abstractmethod
+    def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
+        """Run the prompts; return the cache and the hidden state predicting the first cell [B', d_h]."""
+
+    @abstractmethod
+    def extend(self, state: KVState, embeds: torch.Tensor) -> torch.Tensor:
+        """Append input embeddings [B', n, d_e] to the cache; return their pre-norm hidden states [B', n, d_h]."""
+
+    @abstractmethod
+    def rewind(self, state: KVState, length: int) -> None:
+        """Drop everything the cache holds beyond `length` tokens."""
+
+    @abstractmethod
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden states [..., d_h] -> image-codebook logits [..., K] (final norm + output head)."""
+
+    @abstractmethod
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Image codes [...] -> input embeddings [..., d_e]."""
+
+    @abstractmethod
+    def embed_token(self, token_id: int) -> torch.Tensor:
+        """A vocabulary token forced into the grid (end-of-line) -> its input embedding [d_e]."""
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Grid of codes [B, R, C] -> images [B, 3, H, W] in [0, 1], through the model's VQ decoder."""
+        raise NotImplementedError(f"{type(self).__name__} has no VQ decoder: ask for the token grid instead.")

@@ -1,0 +1,97 @@
+"""KV-cached forward passes over a transformers decoder, shared by every adapter.
+
+Janus-Pro, Emu3, Lumina-mGPT and our Llama reference model are all transformers
+decoder stacks ending in a final RMSNorm. This class runs such a stack on input
+embeddings with a `DynamicCache` that can be rewound (the rollback speculative
+decoding needs), handles left-padded prompt batches (positions and masks), and
+returns the hidden states *before* the final norm, taken from the same pass.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from .base import ImageBackbone, KVState, PromptBatch
+
+
+@contextmanager
+def _capture_input(module: nn.Module):
+    """Record the input of `module` during one forward pass (the pre-norm hidden states)."""
+    captured: list[torch.Tensor] = []
+    handle = module.register_forward_hook(lambda _module, args, _output: captured.append(args[0]))
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+class CausalLMBackbone(ImageBackbone):
+    """An `ImageBackbone` whose forward passes run a transformers decoder (`decoder.norm` is its final norm)."""
+
+    def __init__(self, decoder: nn.Module):
+        self.decoder = decoder
+        self.final_norm: nn.Module = decoder.norm
+
+    @property
+    def device(self) -> torch.device:
+        return self.final_norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.final_norm.weight.dtype
+
+    def _run(self, embeds: torch.Tensor, state: KVState, position_ids: torch.Tensor, attention_mask) -> torch.Tensor:
+        """One pass of the decoder; returns the input of its final norm."""
+        with _capture_input(self.final_norm) as captured:
+            self.decoder(
+                inputs_embeds=embeds.to(self.dtype),
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=state.cache,
+                use_cache=True,
+            )
+        state.length += embeds.shape[1]
+        return captured[0]
+
+    @torch.no_grad()
+    def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
+        ids = prompts.input_ids.to(self.device)
+        mask = prompts.attention_mask.to(self.device)
+        padded = not bool(mask.all())
+        state = KVState(
+            cache=DynamicCache(),
+            prompt_mask=mask if padded else None,
+            prompt_lengths=mask.sum(dim=1, keepdim=True),
+            prompt_width=ids.shape[1],
+            length=0,
+        )
+        # Left padding: each row's real tokens take positions 0..len-1; the padding is masked out.
+        position_ids = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        hidden = self._run(self.embed_prompt(ids), state, position_ids, state.prompt_mask)
+        return state, hidden[:, -1]
+
+    def embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prompt token ids [B', P] -> input embeddings; adapters with separate text embeddings override it."""
+        return self.decoder.embed_tokens(ids)
+
+    @torch.no_grad()
+    def extend(self, state: KVState, embeds: torch.Tensor) -> torch.Tensor:
+        generated = state.length - state.prompt_width  # image tokens already in the cache
+        n = embeds.shape[1]
+        position_ids = state.prompt_lengths + torch.arange(generated, generated + n, device=embeds.device)  # [B', n]
+        attention_mask = None
+        if state.prompt_mask is not None:
+            ones = state.prompt_mask.new_ones(embeds.shape[0], generated + n)
+            attention_mask = torch.cat([state.prompt_mask, ones], dim=1)
+        return self._run(embeds, state, position_ids, attention_mask)
+
+    def rewind(self, state: KVState, length: int) -> None:
+        if length < state.prompt_width or length > state.length:
+            raise ValueError(f"cannot rewind a cache of {state.length} tokens to {length}.")
+        if length < state.length:
+            state.cache.crop(length - state.length)  # transformers 5: a negative count of tokens to drop
+            state.length = length

@@ -1,0 +1,136 @@
+"""A plain `transformers.LlamaForCausalLM` that writes an image as a fixed grid of codes after a text prompt.
+
+Sequence: [BOS, prompt tokens, BOI, row 0 codes (EOL), row 1 codes (EOL), ..., EOI].
+Image code c is vocabulary id `code_offset + c`. The grid geometry lives in the
+model's own `config.json` under `image_grid`, so a saved model is self-describing.
+Guidance follows Janus: the unconditional prompt keeps BOS and BOI and replaces
+every prompt token by the pad token.
+
+This is the test backbone of the library and the base of our reference model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+from .base import ImageGrid, PromptBatch
+from .causal_lm import CausalLMBackbone
+
+
+@dataclass(frozen=True)
+class GridTokens:
+    """Where the image lives in a Llama vocabulary; stored as `config.image_grid`."""
+
+    rows: int
+    cols: int
+    codebook_size: int
+    code_offset: int  # vocabulary id of image code 0
+    boi_token_id: int
+    eoi_token_id: int
+    eol_token_id: int | None = None
+    pixels_per_code: int = 4  # the VQ decoder's downsampling factor
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LlamaGridBackbone(CausalLMBackbone):
+    """Adapter over a `LlamaForCausalLM` whose `config.image_grid` describes a fixed code grid."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        decode_codes: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
+        super().__init__(model.model)
+        config = model.config
+        if getattr(config, "image_grid", None) is None:
+            raise ValueError(
+                "this Llama model has no `image_grid` in its config: it was not trained to write images. "
+                "Load an SSD image backbone (its config.json names rows, cols, codebook_size and the special tokens)."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokens = GridTokens(**config.image_grid)
+        self._decode_codes = decode_codes
+        self.hidden_size = self.embed_size = config.hidden_size
+        self._grid = ImageGrid(self.tokens.rows, self.tokens.cols, self.tokens.codebook_size, self.tokens.eol_token_id)
+        self._check_vocabulary(config.vocab_size)
+
+    def _check_vocabulary(self, vocab_size: int) -> None:
+        t = self.tokens
+        codes = range(t.code_offset, t.code_offset + t.codebook_size)
+        if codes.stop > vocab_size:
+            raise ValueError(f"image codes {codes.start}..{codes.stop - 1} do not fit a vocabulary of {vocab_size} tokens.")
+        for name in ("boi_token_id", "eoi_token_id", "eol_token_id"):
+            token = getattr(t, name)
+            if token is not None and (token in codes or not 0 <= token < vocab_size):
+                raise ValueError(f"{name}={token} must be a vocabulary id outside the image codes {codes.start}..{codes.stop - 1}.")
+
+    @property
+    def grid(self) -> ImageGrid:
+        return self._grid
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self.tokens.rows * self.tokens.pixels_per_code, self.tokens.cols * self.tokens.pixels_per_code
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        start = self.tokens.code_offset
+        weight = self.model.lm_head.weight[start : start + self.tokens.codebook_size]
+        return F.linear(self.final_norm(hidden), weight)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(codes + self.tokens.code_offset)
+
+    def embed_token(self, token_id: int) -> torch.Tensor:
+        return self.decoder.embed_tokens.weight[token_id]
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        if self._decode_codes is None:
+            return super().decode_codes(codes)
+        return self._decode_codes(codes)
+
+    def prompt_token_ids(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def encode_prompts(
+        self,
+        prompts: list[str],
+        negative_prompts: list[str] | None = None,
+        num_images_per_prompt: int = 1,
+        guidance: bool = False,
+    ) -> PromptBatch:
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError("prompts must be a non-empty list of strings: pass at least one prompt.")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}.")
+        if negative_prompts is not None and len(negative_prompts) != len(prompts):
+            raise ValueError(f"got {len(negative_prompts)} negative prompts for {len(prompts)} prompts: pass one per prompt.")
+        if negative_prompts is not None and not guidance:
+            raise ValueError("a negative prompt only acts through guidance: set guidance_scale > 1 or drop it.")
+        bos, pad, boi = self.model.config.bos_token_id, self._pad_token_id, self.tokens.boi_token_id
+        cond = [self.prompt_token_ids(p) for p in prompts]
+        rows = [[bos, *ids, boi] for ids in cond for _ in range(num_images_per_prompt)]
+        if guidance:
+            uncond = [self.prompt_token_ids(n) for n in negative_prompts] if negative_prompts else [[pad] * len(i) for i in cond]
+            rows += [[bos, *ids, boi] for ids in uncond for _ in range(num_images_per_prompt)]
+        width = max(map(len, rows))
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        return PromptBatch(input_ids, attention_mask, len(prompts) * num_images_per_prompt, guidance)
+
+    @property
+    def _pad_token_id(self) -> int:
+        pad = self.model.config.pad_token_id
+        if pad is None:
+            raise ValueError("the backbone's config has no pad_token_id; guidance and batching need one.")
+        return pad
