@@ -1,0 +1,39 @@
+"""Decoding strategies: each method its own class behind `DecodingStrategy`."""
+
+from __future__ import annotations
+
+from ..heads import DraftHeads
+from .ar import ARDecoding
+from .base import DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
+from .ssd import ExactDecoding, SSDDecoding
+
+STRATEGIES: dict[str, type[DecodingStrategy]] = {
+    "ar": ARDecoding,
+    "ssd": SSDDecoding,
+    "exact": ExactDecoding,
+}
+NEEDS_HEADS = {"ssd", "exact"}
+
+
+def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> DecodingStrategy:
+    """Build a strategy by name, e.g. make_strategy("ssd", heads, verify_rounds=1)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown decoding {name!r}: choose one of {', '.join(STRATEGIES)}.")
+    if name in NEEDS_HEADS:
+        if heads is None:
+            raise ValueError(f"decoding {name!r} drafts with drafting heads: pass heads=..., or use decoding='ar'.")
+        return STRATEGIES[name](heads, **options)
+    return STRATEGIES[name](**options)
+
+
+__all__ = [
+    "ARDecoding",
+    "DecodeOutput",
+    "DecodeStats",
+    "DecodingStrategy",
+    "ExactDecoding",
+    "RowCallback",
+    "SSDDecoding",
+    "STRATEGIES",
+    "make_strategy",
+]

@@ -1,0 +1,210 @@
+"""What every decoding strategy shares: the interface, its output and statistics, and blocks of cells.
+
+A strategy turns a prompt batch into a grid of image codes by talking to an
+`ImageBackbone`. It reports exact forward-pass counts (timings on shared
+machines are noisy; passes are not) and calls an optional callback after every
+committed row, which progress bars and live previews hang on.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+import torch
+
+from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
+from ..sampling import SamplingConfig, sample, target_probs
+
+RowCallback = Callable[[int, torch.Tensor], bool | None]
+"""Called as callback(row, codes [B, R, C]) once row `row` is committed; returning True stops decoding."""
+
+
+@dataclass
+class DecodeStats:
+    """Counts of one decoding run. Round k's lists hold cells verified / accepted in the k-th verification round."""
+
+    strategy: str
+    images: int
+    forward_passes: int = 0  # backbone passes, the prompt prefill included
+    rows_completed: int = 0
+    drafted_per_round: list[int] = field(default_factory=list)
+    accepted_per_round: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def acceptance_per_round(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_round, self.drafted_per_round)]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "acceptance_per_round": self.acceptance_per_round}
+
+
+@dataclass
+class DecodeOutput:
+    codes: torch.Tensor  # [B, R, C] image codes; rows past stats.rows_completed are zero
+    stats: DecodeStats
+
+
+class RoundCounter:
+    """Accumulates drafted/accepted cells per verification round on the device, read once at the end."""
+
+    def __init__(self) -> None:
+        self.drafted: list[torch.Tensor] = []
+        self.accepted: list[torch.Tensor] = []
+
+    def add(self, round_index: int, drafted: torch.Tensor, accepted: torch.Tensor) -> None:
+        if round_index == len(self.drafted):
+            self.drafted.append(torch.zeros((), dtype=torch.long, device=drafted.device))
+            self.accepted.append(torch.zeros((), dtype=torch.long, device=drafted.device))
+        self.drafted[round_index] += drafted
+        self.accepted[round_index] += accepted
+
+    def write_to(self, stats: DecodeStats) -> None:
+        stats.drafted_per_round = [int(d) for d in self.drafted]
+        stats.accepted_per_round = [int(a) for a in self.accepted]
+
+
+def both_branches(x: torch.Tensor, guidance: bool) -> torch.Tensor:
+    """Codes are shared by the conditional and unconditional branch: [B, ...] -> [B', ...]."""
+    return torch.cat([x, x]) if guidance else x
+
+
+@dataclass(frozen=True)
+class Block:
+    """Cells [first, end) of the grid in raster order, decoded together.
+
+    A block spans positions of the flat image sequence: its cells, plus the forced
+    end-of-line token after any row it completes. The backbone's output at each
+    position predicts the next position, so the hidden state predicting the
+    block's first cell comes from before the block (`h_before`).
+    """
+
+    grid: ImageGrid
+    first: int
+    end: int
+
+    @property
+    def num_cells(self) -> int:
+        return self.end - self.first
+
+    @property
+    def first_row(self) -> int:
+        return self.first // self.grid.cols
+
+    @property
+    def last_row(self) -> int:
+        return (self.end - 1) // self.grid.cols
+
+    @cached_property
+    def cell_positions(self) -> torch.Tensor:
+        """Index of each cell among the block's sequence positions. [n_cells]"""
+        cells = torch.arange(self.first, self.end)
+        flat = (cells // self.grid.cols) * self.grid.row_length + cells % self.grid.cols
+        return flat - flat[0]
+
+    @cached_property
+    def num_positions(self) -> int:
+        ends_row = self.end % self.grid.cols == 0
+        return int(self.cell_positions[-1]) + 1 + int(self.grid.has_eol and ends_row)
+
+    def embed(self, backbone: ImageBackbone, codes: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of the block: codes [B', n_cells] with end-of-line tokens in place. -> [B', n_pos, d_e]"""
+        code_embeds = backbone.embed_codes(codes)
+        if self.num_positions == self.num_cells:
+            return code_embeds
+        eol = backbone.embed_token(self.grid.eol_token_id)
+        embeds = eol.expand(codes.shape[0], self.num_positions, -1).clone()
+        embeds[:, self.cell_positions.to(codes.device)] = code_embeds
+        return embeds
+
+    def predicting_hidden(self, h_before: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states predicting each cell: [B', d], [B', n_pos, d] -> [B', n_cells, d]."""
+        shifted = torch.cat([h_before[:, None], hidden[:, :-1]], dim=1)  # position i is predicted by output i - 1
+        return shifted[:, self.cell_positions.to(hidden.device)]
+
+    def last_row_slice(self) -> tuple[slice, slice]:
+        """(cells of this block in its last row, their columns): what the next row is drafted from."""
+        start = max(self.first, self.last_row * self.grid.cols)
+        return slice(start - self.first, self.num_cells), slice(start % self.grid.cols, (self.end - 1) % self.grid.cols + 1)
+
+
+class DecodingStrategy(ABC):
+    """Turns prompts into a grid of image codes through an `ImageBackbone`."""
+
+    name: str
+
+    def decode(
+        self,
+        backbone: ImageBackbone,
+        prompts: PromptBatch,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        callback: RowCallback | None = None,
+        grid: ImageGrid | None = None,
+    ) -> DecodeOutput:
+        """Decode one image per conditional row of the prompt batch."""
+        if sampling.uses_guidance != prompts.guidance:
+            raise ValueError(
+                f"guidance_scale={sampling.guidance_scale} needs a prompt batch "
+                f"{'with' if sampling.uses_guidance else 'without'} unconditional rows: encode the prompts with "
+                f"guidance={sampling.uses_guidance}."
+            )
+        run = DecodeRun(backbone, prompts, grid or backbone.grid, sampling, generator, callback, self.name)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            self._decode(run)
+        if run.codes.device.type == "cuda":
+            torch.cuda.synchronize(run.codes.device)
+        run.stats.seconds = time.perf_counter() - started
+        return DecodeOutput(run.codes.view(-1, run.grid.rows, run.grid.cols), run.stats)
+
+    @abstractmethod
+    def _decode(self, run: DecodeRun) -> None:
+        """Fill `run.codes` in raster order, calling `run.rows_committed` as rows land."""
+
+
+class DecodeRun:
+    """One decoding call: the backbone, the sampling path, the codes so far and the statistics."""
+
+    def __init__(self, backbone, prompts, grid, sampling, generator, callback, strategy_name):
+        self.backbone: ImageBackbone = backbone
+        self.prompts: PromptBatch = prompts
+        self.grid: ImageGrid = grid
+        self.sampling: SamplingConfig = sampling
+        self.generator: torch.Generator | None = generator
+        self.callback = callback
+        self.codes = torch.zeros(prompts.batch_size, grid.num_cells, dtype=torch.long, device=backbone.device)
+        self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size)
+        self.stopped = False
+
+    def probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden states [B', ..., d] -> target distributions [B, ..., K]."""
+        return target_probs(self.backbone.code_logits(hidden), self.sampling)
+
+    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+        return sample(probs, self.generator)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes [B, ...] -> embeddings for both guidance branches [B', ..., d_e]."""
+        return self.backbone.embed_codes(both_branches(codes, self.prompts.guidance))
+
+    def prefill(self) -> tuple[KVState, torch.Tensor]:
+        self.stats.forward_passes += 1
+        return self.backbone.prefill(self.prompts)
+
+    def forward(self, state: KVState, block: Block, codes: torch.Tensor) -> torch.Tensor:
+        """One backbone pass over a block's codes [B, n_cells] -> output hidden states [B', n_pos, d]."""
+        self.stats.forward_passes += 1
+        return self.backbone.extend(state, block.embed(self.backbone, both_branches(codes, self.prompts.guidance)))
+
+    def rows_committed(self, up_to_row: int) -> None:
+        """Rows up to `up_to_row` (inclusive) are final: tell the callback, which may ask to stop."""
+        while self.stats.rows_completed <= up_to_row and not self.stopped:
+            row = self.stats.rows_completed
+            self.stats.rows_completed += 1
+            if self.callback is not None:
+                self.stopped = bool(self.callback(row, self.codes.view(-1, self.grid.rows, self.grid.cols)))

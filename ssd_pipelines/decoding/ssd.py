@@ -1,0 +1,155 @@
+"""Spatially Speculative Decoding with auto-correcting verification (DESIGN.md §1-2).
+
+The grid is decoded in blocks. The first row goes in blocks of 1 + k_h cells:
+the first cell is sampled from the backbone's exact distribution, the horizontal
+heads draft the k_h cells right of it. Every later block is k_v whole rows,
+drafted at once by the vertical heads from the committed row above; its first
+cell, whose exact distribution is already known, is sampled from it (ours).
+
+A block is then verified in rounds. Each round is one backbone pass over the
+drafted block appended to the committed KV cache, giving the target p at every
+cell; every cell is accepted independently with probability min(1, p/q), a
+rejected one resampled from norm(max(0, p - q)); the cache is cropped back to
+the block start. From the second round on every cell's q is the previous
+round's p. A last pass over the final codes commits the block: it writes the
+cache and yields the hidden states that draft the next block.
+
+Fixed r rounds is the paper's decoding (lossy for small r). `adaptive` stops at
+the first round that rejects nothing; that round's pass already saw the final
+codes, so it is the commit. `exact` is adaptive with no cap on rounds, which
+returns exactly the AR distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..heads import DraftHeads
+from ..sampling import verify_round
+from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
+
+
+class SSDDecoding(DecodingStrategy):
+    """The paper's decoding: horizontal heads for the first row, vertical heads for the rest, r rounds."""
+
+    name = "ssd"
+
+    def __init__(
+        self,
+        heads: DraftHeads,
+        verify_rounds: int | None = 2,
+        vertical_rows: int = 1,
+        horizontal_cells: int | None = None,
+        adaptive: bool = False,
+    ):
+        if verify_rounds is None and not adaptive:
+            raise ValueError("verify_rounds=None (no cap) needs adaptive=True, or the rounds would never end.")
+        if verify_rounds is not None and verify_rounds < 0:
+            raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
+        if not 1 <= vertical_rows <= heads.max_vertical:
+            raise ValueError(f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}.")
+        horizontal_cells = heads.max_horizontal if horizontal_cells is None else horizontal_cells
+        if not 0 <= horizontal_cells <= heads.max_horizontal:
+            raise ValueError(f"horizontal_cells must be in 0..{heads.max_horizontal} (the heads' horizontal offsets), got {horizontal_cells}.")
+        self.heads = heads
+        self.verify_rounds = verify_rounds
+        self.vertical_rows = vertical_rows  # k_v
+        self.horizontal_cells = horizontal_cells  # k_h
+        self.adaptive = adaptive
+
+    def plan_blocks(self, grid) -> list[Block]:
+        """First row in chunks of 1 + k_h cells, then k_v rows at a time."""
+        step = 1 + self.horizontal_cells
+        blocks = [Block(grid, x, min(x + step, grid.cols)) for x in range(0, grid.cols, step)]
+        for row in range(1, grid.rows, self.vertical_rows):
+            blocks.append(Block(grid, row * grid.cols, min(row + self.vertical_rows, grid.rows) * grid.cols))
+        return blocks
+
+    def max_rounds(self, block: Block) -> int:
+        """With no cap, n + 1 rounds suffice: after round k the first k cells of a block never change again."""
+        return block.num_cells + 1 if self.verify_rounds is None else self.verify_rounds
+
+    def _decode(self, run: DecodeRun) -> None:
+        self.heads.check_compatible(run.backbone)
+        state, h_next = run.prefill()  # h_next: [B', d], predicts the first cell of the next block
+        blocks = self.plan_blocks(run.grid)
+        rounds = RoundCounter()
+        row_hidden = row_embeds = None  # z of the last committed row: [B', C, d], [B', C, d_e]
+        for index, block in enumerate(blocks):
+            if block.first_row == 0:
+                codes, q = self._draft_right(run, block, h_next)
+            else:
+                codes, q = self._draft_below(run, block, h_next, row_hidden, row_embeds)
+            is_last = index == len(blocks) - 1
+            codes, committed = self._verify(run, state, block, h_next, codes, q, rounds, commit=not is_last)
+            run.codes[:, block.first : block.end] = codes
+            if committed is not None:
+                hidden, block_hidden = committed
+                h_next = hidden[:, -1]
+                cells, cols = block.last_row_slice()
+                if row_hidden is None:
+                    row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, h_next.shape[-1])
+                    row_embeds = torch.zeros_like(row_hidden)
+                row_hidden[:, cols] = block_hidden[:, cells]
+                row_embeds[:, cols] = run.embed_codes(codes[:, cells]).to(row_embeds.dtype)
+            if block.end % run.grid.cols == 0:
+                run.rows_committed(block.last_row)
+            if run.stopped:
+                break
+        rounds.write_to(run.stats)
+
+    def _draft_right(self, run: DecodeRun, block: Block, h_next: torch.Tensor):
+        """First-row block: sample its first cell exactly, draft the rest with the horizontal heads."""
+        p_first = run.probs(h_next)  # [B, K]
+        first = run.sample(p_first)  # [B]
+        if block.num_cells == 1:
+            return first[:, None], p_first[:, None]
+        drafted = self.heads.draft_right(h_next, run.embed_codes(first), block.num_cells - 1)  # [B', n-1, d]
+        q_rest = run.probs(drafted)  # [B, n-1, K]
+        codes = torch.cat([first[:, None], run.sample(q_rest)], dim=1)
+        return codes, torch.cat([p_first[:, None], q_rest], dim=1)
+
+    def _draft_below(self, run: DecodeRun, block: Block, h_next, row_hidden, row_embeds):
+        """Whole-row block: the vertical heads draft every cell from the row above; the first cell is exact."""
+        rows = block.last_row - block.first_row + 1
+        drafted = self.heads.draft_below(row_hidden, row_embeds, rows).flatten(1, 2)  # [B', rows * C, d]
+        drafted[:, 0] = h_next  # the first cell's distribution is known exactly
+        q = run.probs(drafted)  # [B, n, K]
+        return run.sample(q), q
+
+    def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, rounds: RoundCounter, commit: bool):
+        """Verification rounds, then the commit pass. Returns the final codes and, if committed,
+        (output hidden [B', n_pos, d], hidden predicting each cell [B', n_cells, d])."""
+        start = state.length
+        converged = torch.zeros(codes.shape[0], dtype=torch.bool, device=codes.device)  # [B]
+        for round_index in range(self.max_rounds(block)):
+            hidden = run.forward(state, block, codes)
+            block_hidden = block.predicting_hidden(h_before, hidden)
+            p = run.probs(block_hidden)  # [B, n, K]
+            new_codes, q, accepted = verify_round(codes, q, p, run.generator)
+            # A sample whose round rejected nothing is final: later rounds would accept it with probability 1.
+            codes = torch.where(converged[:, None], codes, new_codes)
+            active = ~converged
+            # The first cell is drawn from its exact target and always accepted: it is not counted as drafted.
+            rounds.add(round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum())
+            converged |= accepted.all(dim=1)
+            if self.adaptive and bool(converged.all()):
+                return codes, (hidden, block_hidden)  # this pass saw the final codes: it is the commit
+            run.backbone.rewind(state, start)
+        if not commit:
+            return codes, None  # the last block: nothing reads its cache or hidden states
+        hidden = run.forward(state, block, codes)
+        return codes, (hidden, block.predicting_hidden(h_before, hidden))
+
+
+class ExactDecoding(SSDDecoding):
+    """SSD with adaptive rounds and no cap: lossless, returns exactly the AR distribution (DESIGN.md §2).
+
+    Better heads and lower sampling entropy need fewer rounds; greedy decoding with
+    perfect heads needs one pass per block.
+    """
+
+    name = "exact"
+
+    def __init__(self, heads: DraftHeads, vertical_rows: int = 1, horizontal_cells: int | None = None):
+        super().__init__(heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells, adaptive=True)

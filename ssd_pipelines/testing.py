@@ -1,0 +1,75 @@
+"""Tiny seeded random components: a Llama grid backbone, its word-level tokenizer, drafting heads.
+
+For tests and for the enumerable-grid exactness benchmark, where weights need
+not be trained. Random weights are drawn at a large scale so that the
+backbone's conditionals are peaked and depend on context: a verifier with wrong
+maths then produces a visibly wrong distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from .backbones import GridTokens, LlamaGridBackbone
+from .heads import DraftHeads
+
+SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
+WORDS = ["a", "red", "blue", "green", "circle", "square", "left", "of", "the"]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>"
+    )
+
+
+def tiny_llama(rows=2, cols=3, codebook_size=3, eol=True, seed=0, hidden_size=32, layers=2, init_scale=0.4):
+    """A random LlamaForCausalLM with an `image_grid` config. Vocabulary: specials, words, BOI/EOI/EOL, codes."""
+    text = len(SPECIALS) + len(WORDS)
+    tokens = GridTokens(
+        rows=rows,
+        cols=cols,
+        codebook_size=codebook_size,
+        code_offset=text + 3,
+        boi_token_id=text,
+        eoi_token_id=text + 1,
+        eol_token_id=text + 2 if eol else None,
+        pixels_per_code=4,
+    )
+    config = LlamaConfig(
+        vocab_size=text + 3 + codebook_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=2,
+        eos_token_id=3,
+        pad_token_id=0,
+        initializer_range=init_scale,
+        image_grid=tokens.to_dict(),
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_backbone(**kwargs) -> LlamaGridBackbone:
+    return LlamaGridBackbone(tiny_llama(**kwargs), tiny_tokenizer())
+
+
+def tiny_heads(backbone: LlamaGridBackbone, seed: int = 1, horizontal=(1, 2, 3, 4, 5), vertical=(1, 2)) -> DraftHeads:
+    torch.manual_seed(seed)
+    return DraftHeads(
+        hidden_size=backbone.hidden_size,
+        embed_size=backbone.embed_size,
+        codebook_size=backbone.grid.codebook_size,
+        horizontal_offsets=horizontal,
+        vertical_offsets=vertical,
+        base_model="tests/tiny-llama",
+    ).eval()

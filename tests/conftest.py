@@ -1,0 +1,20 @@
+import pytest
+import torch
+
+from ssd_pipelines.testing import tiny_backbone, tiny_heads
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    """The CI machine has two cores; tiny models run fastest on one thread each."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def backbone():
+    return tiny_backbone(rows=4, cols=5, codebook_size=8)
+
+
+@pytest.fixture
+def heads(backbone):
+    return tiny_heads(backbone)

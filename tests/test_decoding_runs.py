@@ -1,0 +1,133 @@
+"""Pass counts, the KV cache after rollbacks, row callbacks and bad input of the strategies."""
+
+import math
+
+import pytest
+import torch
+
+from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding, make_strategy
+from ssd_pipelines.decoding.base import Block
+from ssd_pipelines.testing import tiny_backbone, tiny_heads
+
+ROWS, COLS = 5, 7
+
+
+@pytest.fixture
+def grid_backbone():
+    return tiny_backbone(rows=ROWS, cols=COLS, codebook_size=8)
+
+
+def decode(strategy, backbone, seed=0, guidance=2.0, images=3, callback=None):
+    sampling = SamplingConfig(guidance_scale=guidance)
+    prompts = backbone.encode_prompts(["a red circle", "blue"], num_images_per_prompt=images, guidance=sampling.uses_guidance)
+    return strategy.decode(backbone, prompts, sampling, generator=torch.Generator().manual_seed(seed), callback=callback)
+
+
+def test_ar_costs_one_pass_per_code(grid_backbone):
+    assert decode(ARDecoding(), grid_backbone).stats.forward_passes == ROWS * COLS
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+@pytest.mark.parametrize("vertical_rows", [1, 2])
+def test_ssd_passes_follow_the_formula(grid_backbone, rounds, vertical_rows):
+    """(r + 1) passes per block; the prefill stands in for the last block's commit, which nothing reads."""
+    heads = tiny_heads(grid_backbone)
+    first_row_blocks = math.ceil(COLS / (1 + 5))  # k_h = 5: a first cell and five drafted cells
+    later_blocks = math.ceil((ROWS - 1) / vertical_rows)
+    out = decode(SSDDecoding(heads, verify_rounds=rounds, vertical_rows=vertical_rows), grid_backbone)
+    assert out.stats.forward_passes == (first_row_blocks + later_blocks) * (rounds + 1)
+    assert len(out.stats.drafted_per_round) == rounds
+    assert out.codes.shape == (6, ROWS, COLS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_adaptive_never_costs_more_than_fixed_rounds(grid_backbone, seed, rounds):
+    heads = tiny_heads(grid_backbone)
+    fixed = decode(SSDDecoding(heads, verify_rounds=rounds), grid_backbone, seed=seed)
+    adaptive = decode(SSDDecoding(heads, verify_rounds=rounds, adaptive=True), grid_backbone, seed=seed)
+    assert adaptive.stats.forward_passes <= fixed.stats.forward_passes
+
+
+def test_greedy_adaptive_stops_as_soon_as_a_round_rejects_nothing(grid_backbone):
+    heads = tiny_heads(grid_backbone)
+    sampling = SamplingConfig(temperature=0)
+    prompts = grid_backbone.encode_prompts(["a"])
+    out = SSDDecoding(heads, verify_rounds=50, adaptive=True).decode(grid_backbone, prompts, sampling)
+    assert out.stats.accepted_per_round[-1] == out.stats.drafted_per_round[-1]
+    assert out.stats.forward_passes < ROWS * COLS + 2 * 5  # far from 50 rounds a block
+
+
+@pytest.mark.parametrize("strategy", ["ssd", "exact"])
+def test_cache_after_rollbacks_equals_a_fresh_forward(grid_backbone, strategy):
+    """Every verification round is rolled back; what stays must be exactly the committed sequence."""
+    heads = tiny_heads(grid_backbone)
+    states = []
+    prefill = grid_backbone.prefill
+    grid_backbone.prefill = lambda prompts: states.append(prefill(prompts)) or states[-1]
+    decoder = SSDDecoding(heads, verify_rounds=2) if strategy == "ssd" else ExactDecoding(heads)
+    out = decode(decoder, grid_backbone, guidance=1.0, images=2)
+    state, _ = states[0]
+    assert out.stats.drafted_per_round[0] > out.stats.accepted_per_round[0]  # there were rejections to roll back
+
+    codes = out.codes.flatten(1)
+    fresh, _ = prefill(grid_backbone.encode_prompts(["a red circle", "blue"], num_images_per_prompt=2))
+    block = Block(grid_backbone.grid, 0, ROWS * COLS)
+    grid_backbone.extend(fresh, block.embed(grid_backbone, codes))
+    committed = state.length - state.prompt_width
+    last_block = (ROWS - 1) * grid_backbone.grid.row_length  # all rows but the last block's
+    assert committed in (last_block, grid_backbone.grid.sequence_length)
+    for ours, theirs in zip(state.cache.layers, fresh.cache.layers):
+        assert ours.keys.shape[-2] == state.length
+        torch.testing.assert_close(ours.keys, theirs.keys[..., : state.length, :], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.values, theirs.values[..., : state.length, :], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["ar", "ssd", "exact"])
+def test_callback_sees_each_row_once_in_order_and_can_stop(grid_backbone, strategy):
+    heads = tiny_heads(grid_backbone)
+    seen = []
+
+    def on_row(row, codes):
+        seen.append((row, codes[:, row].clone()))
+        return row == 2  # stop after the third row
+
+    out = decode(make_strategy(strategy, heads), grid_backbone, callback=on_row, images=1)
+    assert [row for row, _ in seen] == [0, 1, 2]
+    assert out.stats.rows_completed == 3
+    for row, codes in seen:
+        assert torch.equal(codes, out.codes[:, row])
+
+
+def test_every_row_is_reported_when_nobody_stops(grid_backbone):
+    rows = []
+    decode(SSDDecoding(tiny_heads(grid_backbone), vertical_rows=2), grid_backbone, callback=lambda r, c: rows.append(r))
+    assert rows == list(range(ROWS))
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda heads: SSDDecoding(heads, verify_rounds=-1), "verify_rounds must be >= 0"),
+        (lambda heads: SSDDecoding(heads, verify_rounds=None), "needs adaptive=True"),
+        (lambda heads: SSDDecoding(heads, vertical_rows=3), r"vertical_rows must be in 1..2"),
+        (lambda heads: SSDDecoding(heads, horizontal_cells=6), r"horizontal_cells must be in 0..5"),
+        (lambda heads: make_strategy("medusa", heads), "unknown decoding 'medusa': choose one of ar, ssd, exact"),
+        (lambda heads: make_strategy("ssd"), "pass heads=..., or use decoding='ar'"),
+    ],
+)
+def test_bad_strategy_settings_say_what_to_change(heads, build, message):
+    with pytest.raises(ValueError, match=message):
+        build(heads)
+
+
+def test_heads_for_another_backbone_are_refused_before_decoding(grid_backbone):
+    other = tiny_heads(tiny_backbone(rows=ROWS, cols=COLS, codebook_size=8, hidden_size=16))
+    with pytest.raises(ValueError, match=r"\(16, 16, 8\), the backbone has \(32, 32, 8\)"):
+        decode(SSDDecoding(other), grid_backbone)
+
+
+def test_guidance_and_prompt_batch_must_agree(grid_backbone):
+    prompts = grid_backbone.encode_prompts(["a"])
+    with pytest.raises(ValueError, match="encode the prompts with guidance=True"):
+        ARDecoding().decode(grid_backbone, prompts, SamplingConfig(guidance_scale=2.0))
