@@ -131,3 +131,17 @@ def test_guidance_and_prompt_batch_must_agree(grid_backbone):
     prompts = grid_backbone.encode_prompts(["a"])
     with pytest.raises(ValueError, match="encode the prompts with guidance=True"):
         ARDecoding().decode(grid_backbone, prompts, SamplingConfig(guidance_scale=2.0))
+
+
+def test_ar_records_the_states_that_predicted_each_cell(grid_backbone):
+    """What head distillation trains on: h(y, x) re-derived from a fresh pass over the final grid."""
+    sampling = SamplingConfig(guidance_scale=2.0)
+    prompts = grid_backbone.encode_prompts(["a red circle", "blue"], guidance=True)
+    out = ARDecoding(record_hidden=True).decode(grid_backbone, prompts, sampling, generator=torch.Generator().manual_seed(0))
+    assert out.hidden.shape == (4, ROWS, COLS, 32)
+    state, h_first = grid_backbone.prefill(prompts)
+    block = Block(grid_backbone.grid, 0, ROWS * COLS)
+    codes = out.codes.flatten(1).repeat(2, 1)
+    expected = block.predicting_hidden(h_first, grid_backbone.extend(state, block.embed(grid_backbone, codes)))
+    torch.testing.assert_close(out.hidden.flatten(1, 2), expected, atol=1e-4, rtol=1e-4)
+    assert ARDecoding().decode(grid_backbone, prompts, sampling).hidden is None

@@ -13,12 +13,22 @@ from .base import Block, DecodeRun, DecodingStrategy
 
 
 class ARDecoding(DecodingStrategy):
+    """The baseline. With record_hidden=True the output also carries the pre-norm hidden state
+    predicting every cell, in both guidance branches: the training data of the drafting heads."""
+
     name = "ar"
+
+    def __init__(self, record_hidden: bool = False):
+        self.record_hidden = record_hidden
 
     def _decode(self, run: DecodeRun) -> None:
         grid = run.grid
         state, h_next = run.prefill()  # h_next: [B', d], predicts the next cell
+        if self.record_hidden:
+            run.hidden = h_next.new_empty(h_next.shape[0], grid.num_cells, h_next.shape[-1])
         for cell in range(grid.num_cells):
+            if self.record_hidden:
+                run.hidden[:, cell] = h_next
             run.codes[:, cell] = run.sample(run.probs(h_next))
             row, col = divmod(cell, grid.cols)
             if col == grid.cols - 1:

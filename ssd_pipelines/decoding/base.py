@@ -47,6 +47,7 @@ class DecodeStats:
 class DecodeOutput:
     codes: torch.Tensor  # [B, R, C] image codes; rows past stats.rows_completed are zero
     stats: DecodeStats
+    hidden: torch.Tensor | None = None  # [B', R, C, d] pre-norm states predicting each cell, when recorded
 
 
 class RoundCounter:
@@ -160,7 +161,8 @@ class DecodingStrategy(ABC):
         if run.codes.device.type == "cuda":
             torch.cuda.synchronize(run.codes.device)
         run.stats.seconds = time.perf_counter() - started
-        return DecodeOutput(run.codes.view(-1, run.grid.rows, run.grid.cols), run.stats)
+        hidden = None if run.hidden is None else run.hidden.view(-1, run.grid.rows, run.grid.cols, run.hidden.shape[-1])
+        return DecodeOutput(run.codes.view(-1, run.grid.rows, run.grid.cols), run.stats, hidden)
 
     @abstractmethod
     def _decode(self, run: DecodeRun) -> None:
@@ -179,6 +181,7 @@ class DecodeRun:
         self.callback = callback
         self.codes = torch.zeros(prompts.batch_size, grid.num_cells, dtype=torch.long, device=backbone.device)
         self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size)
+        self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False
 
     def probs(self, hidden: torch.Tensor) -> torch.Tensor:
