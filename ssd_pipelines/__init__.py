@@ -3,6 +3,7 @@
 from .backbones import ImageBackbone, ImageGrid, LlamaGridBackbone
 from .decoding import ARDecoding, DecodeOutput, DecodeStats, ExactDecoding, SSDDecoding, make_strategy
 from .heads import DraftHeads
+from .pipeline_ssd import SSDAutoregressivePipeline, SSDPipelineOutput
 from .sampling import SamplingConfig
 
 __version__ = "0.1.0"
@@ -16,7 +17,9 @@ __all__ = [
     "ImageBackbone",
     "ImageGrid",
     "LlamaGridBackbone",
+    "SSDAutoregressivePipeline",
     "SSDDecoding",
+    "SSDPipelineOutput",
     "SamplingConfig",
     "make_strategy",
 ]

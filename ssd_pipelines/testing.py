@@ -12,8 +12,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from diffusers import VQModel
+
 from .backbones import GridTokens, LlamaGridBackbone
 from .heads import DraftHeads
+from .pipeline_ssd import SSDAutoregressivePipeline
 
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 WORDS = ["a", "red", "blue", "green", "circle", "square", "left", "of", "the"]
@@ -73,3 +76,26 @@ def tiny_heads(backbone: LlamaGridBackbone, seed: int = 1, horizontal=(1, 2, 3, 
         vertical_offsets=vertical,
         base_model="tests/tiny-llama",
     ).eval()
+
+
+def tiny_vqvae(codebook_size: int = 8, seed: int = 0) -> VQModel:
+    """A random diffusers VQModel decoding a code into 4 x 4 pixels (two downsampling stages)."""
+    torch.manual_seed(seed)
+    return VQModel(
+        block_out_channels=(8, 8, 8),
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        latent_channels=4,
+        num_vq_embeddings=codebook_size,
+        norm_num_groups=4,
+        sample_size=16,
+    ).eval()
+
+
+def tiny_pipeline(rows: int = 4, cols: int = 4, codebook_size: int = 8, with_heads: bool = True):
+    """An SSDAutoregressivePipeline of tiny random components."""
+    backbone = tiny_backbone(rows=rows, cols=cols, codebook_size=codebook_size)
+    heads = tiny_heads(backbone) if with_heads else None
+    pipe = SSDAutoregressivePipeline(backbone.model, backbone.tokenizer, tiny_vqvae(codebook_size), heads)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

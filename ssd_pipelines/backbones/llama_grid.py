@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from ..vq import decode_codes
 from .base import ImageGrid, PromptBatch
 from .causal_lm import CausalLMBackbone
 
@@ -62,6 +64,16 @@ class LlamaGridBackbone(CausalLMBackbone):
         self.hidden_size = self.embed_size = config.hidden_size
         self._grid = ImageGrid(self.tokens.rows, self.tokens.cols, self.tokens.codebook_size, self.tokens.eol_token_id)
         self._check_vocabulary(config.vocab_size)
+
+    @classmethod
+    def from_components(cls, model: LlamaForCausalLM, tokenizer, vqvae=None) -> LlamaGridBackbone:
+        """The adapter over a pipeline's components; `vqvae` is a diffusers `VQModel` over the same codebook."""
+        if vqvae is not None and vqvae.config.num_vq_embeddings != model.config.image_grid["codebook_size"]:
+            raise ValueError(
+                f"the VQ decoder has {vqvae.config.num_vq_embeddings} codes but the backbone writes "
+                f"{model.config.image_grid['codebook_size']}: load the VQ model trained with this backbone."
+            )
+        return cls(model, tokenizer, None if vqvae is None else partial(decode_codes, vqvae))
 
     def _check_vocabulary(self, vocab_size: int) -> None:
         t = self.tokens

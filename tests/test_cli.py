@@ -1,0 +1,44 @@
+import json
+
+import PIL.Image
+import pytest
+
+from ssd_pipelines.cli import main
+from ssd_pipelines.testing import tiny_pipeline
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-pipeline")
+    tiny_pipeline().save_pretrained(folder)
+    return folder
+
+
+def test_generate_writes_the_image_and_prints_statistics(model_dir, tmp_path, capsys):
+    out = tmp_path / "img.png"
+    assert main(["a red circle", "--out", str(out), "--model", str(model_dir), "--rounds", "1"]) == 0
+    assert PIL.Image.open(out).size == (16, 16)
+    printed = capsys.readouterr().out
+    assert "ssd: 8 forward passes" in printed and "acceptance per round" in printed and str(out) in printed
+
+
+def test_json_and_compare_save_both_images_and_the_speedup(model_dir, tmp_path, capsys):
+    out = tmp_path / "img.png"
+    main(["a red circle", "--out", str(out), "--model", str(model_dir), "--json", "--compare", "--num-images", "2", "--seed", "3"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["decoding"]["strategy"] == "ssd" and report["ar"]["strategy"] == "ar"
+    assert report["files"] == [str(tmp_path / "img-0.png"), str(tmp_path / "img-1.png")]
+    assert report["ar"]["files"] == [str(tmp_path / "img-ar-0.png"), str(tmp_path / "img-ar-1.png")]
+    assert all(PIL.Image.open(f).size == (16, 16) for f in report["files"] + report["ar"]["files"])
+    passes = report["ar"]["forward_passes"] / report["decoding"]["forward_passes"]
+    assert report["speedup"]["forward_passes"] == pytest.approx(passes)
+
+
+def test_exact_decoding_from_the_command_line(model_dir, tmp_path, capsys):
+    main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "exact", "--json"])
+    assert json.loads(capsys.readouterr().out)["decoding"]["strategy"] == "exact"
+
+
+def test_compare_needs_a_speculative_decoding(model_dir, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "ar", "--compare"])

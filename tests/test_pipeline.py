@@ -1,0 +1,135 @@
+"""SSDAutoregressivePipeline: the diffusers contract, local save/load, inputs and errors."""
+
+import json
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
+
+
+@pytest.fixture
+def pipe():
+    return tiny_pipeline()
+
+
+def run(pipe, **kwargs):
+    kwargs.setdefault("generator", torch.Generator().manual_seed(0))
+    return pipe("a red circle", **kwargs)
+
+
+def test_save_and_load_round_trip_gives_identical_codes(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["heads"] == ["ssd_pipelines.heads", "DraftHeads"] and index["vqvae"] == ["diffusers", "VQModel"]
+    assert not list(tmp_path.rglob("*.bin"))  # safetensors only
+    loaded = SSDAutoregressivePipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    for decoding in ("ssd", "exact", "ar"):
+        assert torch.equal(run(pipe, decoding=decoding).codes, run(loaded, decoding=decoding).codes)
+
+
+@pytest.mark.parametrize("output_type, kind, shape", [("pil", list, None), ("np", np.ndarray, (2, 16, 16, 3)), ("pt", torch.Tensor, (2, 3, 16, 16)), ("latent", torch.Tensor, (2, 4, 4))])
+def test_output_types(pipe, output_type, kind, shape):
+    out = run(pipe, num_images_per_prompt=2, output_type=output_type)
+    assert isinstance(out.images, kind)
+    if shape:
+        assert tuple(out.images.shape) == shape
+    else:
+        assert len(out.images) == 2 and isinstance(out.images[0], PIL.Image.Image) and out.images[0].size == (16, 16)
+    assert out.codes.shape == (2, 4, 4)
+
+
+def test_every_decoding_mode_and_its_statistics(pipe):
+    ar = run(pipe, decoding="ar", guidance_scale=1.0)
+    assert ar.stats["strategy"] == "ar" and ar.stats["forward_passes"] == 16
+    ssd = run(pipe, decoding="ssd", verify_rounds=1, vertical_rows=2)
+    assert ssd.stats["forward_passes"] == (1 + 2) * 2  # one first-row block and two 2-row blocks, r + 1 each
+    assert len(ssd.stats["acceptance_per_round"]) == 1
+    greedy = {d: run(pipe, decoding=d, temperature=0).codes for d in ("ar", "exact")}
+    assert torch.equal(greedy["ar"], greedy["exact"])
+
+
+def test_tuple_output_and_batches_of_prompts(pipe):
+    images, codes, stats = pipe(["a red circle", "blue"], num_images_per_prompt=2, return_dict=False)
+    assert len(images) == 4 and codes.shape == (4, 4, 4) and stats["images"] == 4
+
+
+def test_callback_after_each_row_can_stop_early(pipe):
+    rows = []
+
+    def on_step_end(p, row, timestep, tensors):
+        rows.append((row, tensors["codes"].shape))
+        if row == 1:
+            p._interrupt = True
+        return {}
+
+    out = run(pipe, callback_on_step_end=on_step_end, output_type="latent")
+    assert [r for r, _ in rows] == [0, 1] and rows[0][1] == (1, 4, 4)
+    assert out.stats["rows_completed"] == 2 and not out.codes[:, 2:].any()
+    assert run(pipe).stats["rows_completed"] == 4  # the next call starts afresh
+
+
+def test_progress_bar_counts_rows(pipe, capsys):
+    pipe.set_progress_bar_config(disable=False)
+    run(pipe)
+    assert "4/4" in capsys.readouterr().err
+
+
+def test_loading_heads_into_a_pipeline_without_them(tmp_path):
+    bare = tiny_pipeline(with_heads=False)
+    with pytest.raises(ValueError, match="needs drafting heads and this pipeline has none"):
+        run(bare)
+    tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8)).save_pretrained(tmp_path / "heads")
+    bare.load_heads(tmp_path / "heads")
+    assert run(bare).stats["strategy"] == "ssd"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": ""}, "must be a non-empty string"),
+        ({"prompt": []}, "must be a non-empty string"),
+        ({"height": 64, "width": 64}, "makes 16x16 images only"),
+        ({"decoding": "medusa"}, "unknown decoding 'medusa'"),
+        ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
+        ({"output_type": "jpeg"}, "unknown output_type 'jpeg'"),
+        ({"negative_prompt": ["x", "y"]}, "pass one per prompt"),
+        ({"num_images_per_prompt": 0}, "must be >= 1"),
+        ({"callback_on_step_end_tensor_inputs": ["latents"]}, r"\['latents'\] are not available"),
+    ],
+)
+def test_bad_input_says_what_to_change(pipe, kwargs, message):
+    kwargs = {"prompt": "a red circle", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        pipe(**kwargs)
+
+
+def test_heads_of_another_shape_are_refused(pipe, tmp_path):
+    tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8, hidden_size=16)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"heads expect .* \(16, 16, 8\), the backbone has \(32, 32, 8\)"):
+        pipe.load_heads(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickle"])
+def test_damaged_or_pickled_weights_are_refused(pipe, tmp_path, damage):
+    pipe.save_pretrained(tmp_path)
+    weights = tmp_path / "heads" / "diffusion_pytorch_model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+        message = "could not load the pipeline .* re-download them"
+    else:
+        weights.unlink()
+        torch.save(pipe.heads.state_dict(), tmp_path / "heads" / "diffusion_pytorch_model.bin")
+        message = "could not load the pipeline"
+    with pytest.raises(ValueError, match=message):
+        SSDAutoregressivePipeline.from_pretrained(tmp_path)
+
+
+def test_a_folder_that_is_neither_pipeline_nor_heads(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="neither an SSD pipeline"):
+        SSDAutoregressivePipeline.from_pretrained(tmp_path)
