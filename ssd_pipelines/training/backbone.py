@@ -1,0 +1,211 @@
+"""Train the reference backbone: a small `LlamaForCausalLM` that writes 16 x 16 VQ codes after a caption.
+
+Sequence: [BOS, caption words, BOI, 16 x (16 codes, EOL), EOI], next-token loss on
+the image part only. About 10% of captions are dropped for guidance: their words
+become pad tokens (still attended), exactly the unconditional prompt the Llama
+adapter builds at inference. Batches hold captions of one length, so training
+needs no padding mask.
+
+    python -m ssd_pipelines.training.backbone --vq hub_cards/ssd-reference/vqvae \
+        --out runs/backbone --images 26000 --steps 800
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import VQModel
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from ..backbones import GridTokens
+from ..reference.caption_tokenizer import build_caption_tokenizer
+from ..reference.scenes import sample_scene
+from .vq import encode_images
+
+
+@dataclass
+class BackboneConfig:
+    hidden_size: int = 256
+    layers: int = 6
+    attention_heads: int = 4
+    intermediate_size: int = 688
+    images: int = 26_000  # training scenes, seeds 0..images-1 (the training split)
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    prompt_dropout: float = 0.1
+    seed: int = 0
+    log_every: int = 25
+    max_minutes: float = 0.0  # > 0: stop at this wall-clock budget, the LR schedule shortened to match
+
+
+def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int) -> GridTokens:
+    """The vocabulary layout: caption words, then BOI, EOI, EOL, then the image codes."""
+    text = len(tokenizer)
+    return GridTokens(
+        rows=16,
+        cols=16,
+        codebook_size=codebook_size,
+        code_offset=text + 3,
+        boi_token_id=text,
+        eoi_token_id=text + 1,
+        eol_token_id=text + 2,
+        pixels_per_code=4,
+    )
+
+
+def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    llama = LlamaConfig(
+        vocab_size=tokens.code_offset + tokens.codebook_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.attention_heads,
+        num_key_value_heads=config.attention_heads,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokens.eoi_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        image_grid=tokens.to_dict(),
+    )
+    torch.manual_seed(config.seed)
+    return LlamaForCausalLM(llama)
+
+
+@dataclass
+class EncodedScenes:
+    """Captions as word ids (no specials) and images as VQ codes [N, 16, 16]."""
+
+    captions: list[list[int]]
+    codes: torch.Tensor
+
+
+def encode_scenes(vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, batch_size: int = 256) -> EncodedScenes:
+    captions, codes = [], []
+    for start in range(seeds.start, seeds.stop, batch_size):
+        scenes = [sample_scene(s) for s in range(start, min(start + batch_size, seeds.stop))]
+        captions += [tokenizer(s.caption, add_special_tokens=False)["input_ids"] for s in scenes]
+        codes.append(encode_images(vq, np.stack([s.image for s in scenes])).cpu())
+    return EncodedScenes(captions, torch.cat(codes))
+
+
+def image_sequence(codes: torch.Tensor, tokens: GridTokens) -> torch.Tensor:
+    """Codes [B, 16, 16] -> vocabulary ids of the image part [B, 16 * 17 + 1]: rows with EOL, then EOI."""
+    rows = codes + tokens.code_offset
+    eol = torch.full((*codes.shape[:2], 1), tokens.eol_token_id, dtype=codes.dtype)
+    eoi = torch.full((codes.shape[0], 1), tokens.eoi_token_id, dtype=codes.dtype)
+    return torch.cat([torch.cat([rows, eol], dim=2).flatten(1), eoi], dim=1)
+
+
+class LengthBuckets:
+    """Batches of captions of equal length, drawn at random: no padding in training."""
+
+    def __init__(self, captions: list[list[int]], batch_size: int, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.batch_size = batch_size
+        by_length: dict[int, list[int]] = {}
+        for index, caption in enumerate(captions):
+            by_length.setdefault(len(caption), []).append(index)
+        self.buckets = [np.array(v) for v in by_length.values()]
+        self.weights = np.array([len(b) for b in self.buckets], dtype=float) / len(captions)
+
+    def sample(self) -> np.ndarray:
+        bucket = self.buckets[self.rng.choice(len(self.buckets), p=self.weights)]
+        return self.rng.choice(bucket, size=min(self.batch_size, len(bucket)), replace=False)
+
+
+def training_batch(data: EncodedScenes, index: np.ndarray, tokens: GridTokens, bos: int, pad: int, dropout: float, rng) -> tuple[torch.Tensor, int]:
+    """Input ids [B, T] and the position of BOI (the first image prediction)."""
+    captions = torch.tensor([data.captions[i] for i in index])  # [B, P]: one length per batch
+    drop = torch.from_numpy(rng.random(len(index)) < dropout)
+    captions = torch.where(drop[:, None], torch.full_like(captions, pad), captions)
+    n = len(index)
+    prompt = torch.cat([torch.full((n, 1), bos), captions, torch.full((n, 1), tokens.boi_token_id)], dim=1)
+    return torch.cat([prompt, image_sequence(data.codes[index], tokens)], dim=1), prompt.shape[1] - 1
+
+
+def image_loss(model: LlamaForCausalLM, ids: torch.Tensor, boi: int) -> torch.Tensor:
+    """Next-token cross-entropy over the image part only (the prompt is given, not modelled)."""
+    hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, boi:]  # predicts ids[:, boi + 1:]
+    logits = model.lm_head(hidden)
+    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, boi + 1 :].flatten())
+
+
+def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
+    """Linear warmup, then cosine to a tenth, over the steps or the time budget, whichever ends first."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    if config.max_minutes > 0:
+        progress = max(progress, elapsed / (60 * config.max_minutes))
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_backbone(config: BackboneConfig, vq: VQModel, tokenizer: PreTrainedTokenizerBase, data: EncodedScenes | None = None):
+    """Returns (model, log). `data` defaults to the first `config.images` training scenes."""
+    tokens = reference_grid_tokens(tokenizer, vq.config.num_vq_embeddings)
+    started = time.perf_counter()
+    data = data or encode_scenes(vq, tokenizer, range(config.images))
+    log = {"config": asdict(config), "encode_seconds": time.perf_counter() - started, "loss": []}
+    model = build_backbone(config, tokens, tokenizer).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    buckets = LengthBuckets(data.captions, config.batch_size, config.seed)
+    rng = np.random.default_rng(config.seed + 1)
+    started, recent = time.perf_counter(), []
+    for step in range(config.steps):
+        elapsed = time.perf_counter() - started
+        if config.max_minutes > 0 and elapsed > 60 * config.max_minutes:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, elapsed, config)
+        ids, boi = training_batch(data, buckets.sample(), tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, config.prompt_dropout, rng)
+        loss = image_loss(model, ids, boi)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        recent.append(loss.item())
+        if (step + 1) % config.log_every == 0:
+            entry = {"step": step + 1, "loss": float(np.mean(recent)), "seconds": time.perf_counter() - started}
+            log["loss"].append(entry)
+            print(json.dumps(entry), flush=True)
+            recent = []
+    log["steps_run"] = step + 1
+    log["train_seconds"] = time.perf_counter() - started
+    log["parameters"] = sum(p.numel() for p in model.parameters())
+    return model.eval(), log
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vq", required=True, type=Path, help="the trained VQModel folder")
+    parser.add_argument("--out", required=True, type=Path, help="writes backbone/, tokenizer/ and train_log.json here")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    for field, default in asdict(BackboneConfig()).items():
+        parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = BackboneConfig(**{f: getattr(args, f) for f in asdict(BackboneConfig())})
+    tokenizer = build_caption_tokenizer()
+    vq = VQModel.from_pretrained(args.vq, use_safetensors=True).float().eval()
+    model, log = train_backbone(config, vq, tokenizer)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out / "backbone")
+    tokenizer.save_pretrained(args.out / "tokenizer")
+    (args.out / "train_log.json").write_text(json.dumps(log, indent=1))
+
+
+if __name__ == "__main__":
+    main()
