@@ -1,8 +1,8 @@
 """`ssd-generate`: one prompt to image files, with the decoding statistics printed.
 
-    ssd-generate "a red circle left of a blue square" --out out.png
-    ssd-generate "two green squares" --out out.png --decoding exact --json
-    ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside it, speedup printed
+ssd-generate "a red circle left of a blue square" --out out.png
+ssd-generate "two green squares" --out out.png --decoding exact --json
+ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside it, speedup printed
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ssd-generate", description=__doc__.splitlines()[0])
     parser.add_argument("prompt", help="what to draw")
     parser.add_argument("--out", required=True, type=Path, help="image file; with several images, -0, -1 ... are added")
-    parser.add_argument("--model", default=None, help=f"pipeline folder or Hub repository (default: {HUB_MODEL}, bundled copy first)")
-    parser.add_argument("--decoding", default="ssd", choices=list(STRATEGIES), help="ssd: the paper's; exact: lossless; ar: baseline")
+    parser.add_argument(
+        "--model", default=None, help=f"pipeline folder or Hub repository (default: {HUB_MODEL}, bundled copy first)"
+    )
+    parser.add_argument(
+        "--decoding", default="ssd", choices=list(STRATEGIES), help="ssd: the paper's; exact: lossless; ar: baseline"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="verification rounds per row for --decoding ssd")
     parser.add_argument("--adaptive", action="store_true", help="ssd: end a row's rounds once a round rejects nothing")
     parser.add_argument("--vertical-rows", type=int, default=1, help="rows drafted at once by the vertical heads (k_v)")
@@ -42,7 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-images", type=int, default=1, help="images for the prompt, decoded as one batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
-    parser.add_argument("--compare", action="store_true", help="also decode with ar (same prompt and seed), print the speedup")
+    parser.add_argument(
+        "--compare", action="store_true", help="also decode with ar (same prompt and seed), print the speedup"
+    )
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")

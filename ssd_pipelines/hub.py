@@ -76,7 +76,9 @@ def _download(repo_id: str, patterns: list[str], **hub_options) -> str:
             "or pass token=... if it is private."
         ) from error
     except RevisionNotFoundError as error:
-        raise ValueError(f"{repo_id!r} has no revision {hub_options.get('revision')!r}: pass an existing branch, tag or commit.") from error
+        raise ValueError(
+            f"{repo_id!r} has no revision {hub_options.get('revision')!r}: pass an existing branch, tag or commit."
+        ) from error
     except (LocalEntryNotFoundError, EntryNotFoundError) as error:
         raise ValueError(
             f"{repo_id!r} is not in the local Hugging Face cache and the Hub cannot be reached (offline, "

@@ -90,10 +90,14 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         source = resolve_source(str(pretrained_model_name_or_path), **hub_options)
         if source.kind == "heads":
             if heads is not None:
-                raise ValueError(f"{pretrained_model_name_or_path} is a heads repository: pass a pipeline with heads=..., not both.")
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} is a heads repository: pass a pipeline with heads=..., not both."
+                )
             heads = load_heads(source.location)
             if not heads.config.base_model:
-                raise ValueError(f"the heads in {pretrained_model_name_or_path} do not name their base model: pass it, with heads=.")
+                raise ValueError(
+                    f"the heads in {pretrained_model_name_or_path} do not name their base model: pass it, with heads=."
+                )
             kwargs = {k: v for k, v in kwargs.items() if k != "revision"}  # the revision was the heads'
             return cls.from_pretrained(heads.config.base_model, heads=heads, **kwargs)
         try:
@@ -112,7 +116,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         if not isinstance(heads, DraftHeads):
             source = resolve_source(str(heads), **hub_options)
             if source.kind != "heads":
-                raise ValueError(f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository.")
+                raise ValueError(
+                    f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
+                )
             heads = load_heads(source.location)
         heads.check_compatible(self.image_backbone)
         base = heads.config.base_model
@@ -132,14 +138,20 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
     def interrupt(self) -> bool:
         return self._interrupt
 
-    def check_inputs(self, prompt, negative_prompt, num_images_per_prompt, decoding, output_type, callback_tensor_inputs):
+    def check_inputs(
+        self, prompt, negative_prompt, num_images_per_prompt, decoding, output_type, callback_tensor_inputs
+    ):
         prompts = [prompt] if isinstance(prompt, str) else prompt
         if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-            raise ValueError(f"`prompt` must be a non-empty string or a list of them, got {prompt!r}: describe the image.")
+            raise ValueError(
+                f"`prompt` must be a non-empty string or a list of them, got {prompt!r}: describe the image."
+            )
         if negative_prompt is not None:
             negatives = [negative_prompt] if isinstance(negative_prompt, str) else negative_prompt
             if len(negatives) != len(prompts):
-                raise ValueError(f"got {len(negatives)} negative prompts for {len(prompts)} prompts: pass one per prompt.")
+                raise ValueError(
+                    f"got {len(negatives)} negative prompts for {len(prompts)} prompts: pass one per prompt."
+                )
         if num_images_per_prompt < 1:
             raise ValueError(f"`num_images_per_prompt` must be >= 1, got {num_images_per_prompt}.")
         if decoding not in STRATEGIES:
@@ -155,7 +167,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             raise ValueError("this pipeline has no VQ decoder (vqvae): ask for output_type='latent' to get the codes.")
         unknown = set(callback_tensor_inputs) - set(self._callback_tensor_inputs)
         if unknown:
-            raise ValueError(f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not available: use {self._callback_tensor_inputs}.")
+            raise ValueError(
+                f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not available: use {self._callback_tensor_inputs}."
+            )
         return prompts, (None if negative_prompt is None else negatives)
 
     @torch.no_grad()

@@ -17,7 +17,16 @@ from ssd_pipelines.training.backbone import (
 )
 
 TINY = BackboneConfig(
-    hidden_size=32, layers=1, attention_heads=2, intermediate_size=64, images=64, steps=30, batch_size=8, lr=3e-3, warmup_steps=5, log_every=5
+    hidden_size=32,
+    layers=1,
+    attention_heads=2,
+    intermediate_size=64,
+    images=64,
+    steps=30,
+    batch_size=8,
+    lr=3e-3,
+    warmup_steps=5,
+    log_every=5,
 )
 
 

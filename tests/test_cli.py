@@ -24,7 +24,21 @@ def test_generate_writes_the_image_and_prints_statistics(model_dir, tmp_path, ca
 
 def test_json_and_compare_save_both_images_and_the_speedup(model_dir, tmp_path, capsys):
     out = tmp_path / "img.png"
-    main(["a red circle", "--out", str(out), "--model", str(model_dir), "--json", "--compare", "--num-images", "2", "--seed", "3"])
+    main(
+        [
+            "a red circle",
+            "--out",
+            str(out),
+            "--model",
+            str(model_dir),
+            "--json",
+            "--compare",
+            "--num-images",
+            "2",
+            "--seed",
+            "3",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["decoding"]["strategy"] == "ssd" and report["ar"]["strategy"] == "ar"
     assert report["files"] == [str(tmp_path / "img-0.png"), str(tmp_path / "img-1.png")]

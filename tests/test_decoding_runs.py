@@ -19,8 +19,12 @@ def grid_backbone():
 
 def decode(strategy, backbone, seed=0, guidance=2.0, images=3, callback=None):
     sampling = SamplingConfig(guidance_scale=guidance)
-    prompts = backbone.encode_prompts(["a red circle", "blue"], num_images_per_prompt=images, guidance=sampling.uses_guidance)
-    return strategy.decode(backbone, prompts, sampling, generator=torch.Generator().manual_seed(seed), callback=callback)
+    prompts = backbone.encode_prompts(
+        ["a red circle", "blue"], num_images_per_prompt=images, guidance=sampling.uses_guidance
+    )
+    return strategy.decode(
+        backbone, prompts, sampling, generator=torch.Generator().manual_seed(seed), callback=callback
+    )
 
 
 def test_ar_costs_one_pass_per_code(grid_backbone):
@@ -137,7 +141,9 @@ def test_ar_records_the_states_that_predicted_each_cell(grid_backbone):
     """What head distillation trains on: h(y, x) re-derived from a fresh pass over the final grid."""
     sampling = SamplingConfig(guidance_scale=2.0)
     prompts = grid_backbone.encode_prompts(["a red circle", "blue"], guidance=True)
-    out = ARDecoding(record_hidden=True).decode(grid_backbone, prompts, sampling, generator=torch.Generator().manual_seed(0))
+    out = ARDecoding(record_hidden=True).decode(
+        grid_backbone, prompts, sampling, generator=torch.Generator().manual_seed(0)
+    )
     assert out.hidden.shape == (4, ROWS, COLS, 32)
     state, h_first = grid_backbone.prefill(prompts)
     block = Block(grid_backbone.grid, 0, ROWS * COLS)

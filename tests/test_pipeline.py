@@ -32,7 +32,15 @@ def test_save_and_load_round_trip_gives_identical_codes(pipe, tmp_path):
         assert torch.equal(run(pipe, decoding=decoding).codes, run(loaded, decoding=decoding).codes)
 
 
-@pytest.mark.parametrize("output_type, kind, shape", [("pil", list, None), ("np", np.ndarray, (2, 16, 16, 3)), ("pt", torch.Tensor, (2, 3, 16, 16)), ("latent", torch.Tensor, (2, 4, 4))])
+@pytest.mark.parametrize(
+    "output_type, kind, shape",
+    [
+        ("pil", list, None),
+        ("np", np.ndarray, (2, 16, 16, 3)),
+        ("pt", torch.Tensor, (2, 3, 16, 16)),
+        ("latent", torch.Tensor, (2, 4, 4)),
+    ],
+)
 def test_output_types(pipe, output_type, kind, shape):
     out = run(pipe, num_images_per_prompt=2, output_type=output_type)
     assert isinstance(out.images, kind)

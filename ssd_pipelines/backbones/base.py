@@ -66,7 +66,9 @@ class PromptBatch:
     def __post_init__(self) -> None:
         expected = 2 * self.batch_size if self.guidance else self.batch_size
         if self.input_ids.shape[0] != expected:
-            raise ValueError(f"a prompt batch of {self.batch_size} images needs {expected} rows, got {self.input_ids.shape[0]}.")
+            raise ValueError(
+                f"a prompt batch of {self.batch_size} images needs {expected} rows, got {self.input_ids.shape[0]}."
+            )
 
 
 @dataclass

@@ -79,11 +79,15 @@ class LlamaGridBackbone(CausalLMBackbone):
         t = self.tokens
         codes = range(t.code_offset, t.code_offset + t.codebook_size)
         if codes.stop > vocab_size:
-            raise ValueError(f"image codes {codes.start}..{codes.stop - 1} do not fit a vocabulary of {vocab_size} tokens.")
+            raise ValueError(
+                f"image codes {codes.start}..{codes.stop - 1} do not fit a vocabulary of {vocab_size} tokens."
+            )
         for name in ("boi_token_id", "eoi_token_id", "eol_token_id"):
             token = getattr(t, name)
             if token is not None and (token in codes or not 0 <= token < vocab_size):
-                raise ValueError(f"{name}={token} must be a vocabulary id outside the image codes {codes.start}..{codes.stop - 1}.")
+                raise ValueError(
+                    f"{name}={token} must be a vocabulary id outside the image codes {codes.start}..{codes.stop - 1}."
+                )
 
     @property
     def grid(self) -> ImageGrid:
@@ -126,14 +130,20 @@ class LlamaGridBackbone(CausalLMBackbone):
         if num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}.")
         if negative_prompts is not None and len(negative_prompts) != len(prompts):
-            raise ValueError(f"got {len(negative_prompts)} negative prompts for {len(prompts)} prompts: pass one per prompt.")
+            raise ValueError(
+                f"got {len(negative_prompts)} negative prompts for {len(prompts)} prompts: pass one per prompt."
+            )
         if negative_prompts is not None and not guidance:
             raise ValueError("a negative prompt only acts through guidance: set guidance_scale > 1 or drop it.")
         bos, pad, boi = self.model.config.bos_token_id, self._pad_token_id, self.tokens.boi_token_id
         cond = [self.prompt_token_ids(p) for p in prompts]
         rows = [[bos, *ids, boi] for ids in cond for _ in range(num_images_per_prompt)]
         if guidance:
-            uncond = [self.prompt_token_ids(n) for n in negative_prompts] if negative_prompts else [[pad] * len(i) for i in cond]
+            uncond = (
+                [self.prompt_token_ids(n) for n in negative_prompts]
+                if negative_prompts
+                else [[pad] * len(i) for i in cond]
+            )
             rows += [[bos, *ids, boi] for ids in uncond for _ in range(num_images_per_prompt)]
         width = max(map(len, rows))
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])

@@ -31,7 +31,9 @@ TOY_PROMPT = "a"
 
 def toy_setup(rows: int = 2, cols: int = 3, codebook_size: int = 3):
     """The random backbone and heads of the exactness checks: peaked, context-dependent conditionals."""
-    backbone = tiny_backbone(rows=rows, cols=cols, codebook_size=codebook_size, eol=True, hidden_size=16, layers=1, init_scale=0.3)
+    backbone = tiny_backbone(
+        rows=rows, cols=cols, codebook_size=codebook_size, eol=True, hidden_size=16, layers=1, init_scale=0.3
+    )
     return backbone, tiny_heads(backbone)
 
 
@@ -140,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        "# Exactness on an enumerable grid\n\nMade by `python -m ssd_pipelines.benchmarks.exactness`.\n\n" + table + "\n"
+        "# Exactness on an enumerable grid\n\nMade by `python -m ssd_pipelines.benchmarks.exactness`.\n\n"
+        + table
+        + "\n"
     )
 
 

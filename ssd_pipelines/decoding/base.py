@@ -130,7 +130,9 @@ class Block:
     def last_row_slice(self) -> tuple[slice, slice]:
         """(cells of this block in its last row, their columns): what the next row is drafted from."""
         start = max(self.first, self.last_row * self.grid.cols)
-        return slice(start - self.first, self.num_cells), slice(start % self.grid.cols, (self.end - 1) % self.grid.cols + 1)
+        return slice(start - self.first, self.num_cells), slice(
+            start % self.grid.cols, (self.end - 1) % self.grid.cols + 1
+        )
 
 
 class DecodingStrategy(ABC):

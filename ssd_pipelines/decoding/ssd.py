@@ -47,10 +47,14 @@ class SSDDecoding(DecodingStrategy):
         if verify_rounds is not None and verify_rounds < 0:
             raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
         if not 1 <= vertical_rows <= heads.max_vertical:
-            raise ValueError(f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}.")
+            raise ValueError(
+                f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
+            )
         horizontal_cells = heads.max_horizontal if horizontal_cells is None else horizontal_cells
         if not 0 <= horizontal_cells <= heads.max_horizontal:
-            raise ValueError(f"horizontal_cells must be in 0..{heads.max_horizontal} (the heads' horizontal offsets), got {horizontal_cells}.")
+            raise ValueError(
+                f"horizontal_cells must be in 0..{heads.max_horizontal} (the heads' horizontal offsets), got {horizontal_cells}."
+            )
         self.heads = heads
         self.verify_rounds = verify_rounds
         self.vertical_rows = vertical_rows  # k_v
@@ -152,4 +156,6 @@ class ExactDecoding(SSDDecoding):
     name = "exact"
 
     def __init__(self, heads: DraftHeads, vertical_rows: int = 1, horizontal_cells: int | None = None):
-        super().__init__(heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells, adaptive=True)
+        super().__init__(
+            heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells, adaptive=True
+        )

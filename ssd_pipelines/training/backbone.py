@@ -91,7 +91,9 @@ class EncodedScenes:
     codes: torch.Tensor
 
 
-def encode_scenes(vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, batch_size: int = 256) -> EncodedScenes:
+def encode_scenes(
+    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, batch_size: int = 256
+) -> EncodedScenes:
     captions, codes = [], []
     for start in range(seeds.start, seeds.stop, batch_size):
         scenes = [sample_scene(s) for s in range(start, min(start + batch_size, seeds.stop))]
@@ -125,7 +127,9 @@ class LengthBuckets:
         return self.rng.choice(bucket, size=min(self.batch_size, len(bucket)), replace=False)
 
 
-def training_batch(data: EncodedScenes, index: np.ndarray, tokens: GridTokens, bos: int, pad: int, dropout: float, rng) -> tuple[torch.Tensor, int]:
+def training_batch(
+    data: EncodedScenes, index: np.ndarray, tokens: GridTokens, bos: int, pad: int, dropout: float, rng
+) -> tuple[torch.Tensor, int]:
     """Input ids [B, T] and the position of BOI (the first image prediction)."""
     captions = torch.tensor([data.captions[i] for i in index])  # [B, P]: one length per batch
     drop = torch.from_numpy(rng.random(len(index)) < dropout)
@@ -152,7 +156,9 @@ def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def train_backbone(config: BackboneConfig, vq: VQModel, tokenizer: PreTrainedTokenizerBase, data: EncodedScenes | None = None):
+def train_backbone(
+    config: BackboneConfig, vq: VQModel, tokenizer: PreTrainedTokenizerBase, data: EncodedScenes | None = None
+):
     """Returns (model, log). `data` defaults to the first `config.images` training scenes."""
     tokens = reference_grid_tokens(tokenizer, vq.config.num_vq_embeddings)
     started = time.perf_counter()
@@ -169,7 +175,9 @@ def train_backbone(config: BackboneConfig, vq: VQModel, tokenizer: PreTrainedTok
             break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, elapsed, config)
-        ids, boi = training_batch(data, buckets.sample(), tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, config.prompt_dropout, rng)
+        ids, boi = training_batch(
+            data, buckets.sample(), tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, config.prompt_dropout, rng
+        )
         loss = image_loss(model, ids, boi)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
