@@ -42,6 +42,22 @@ EXAMPLE_DOC_STRING = """
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
+def _register_with_diffusers() -> None:
+    """Let diffusers save, download and load our `DraftHeads` component as it does its own and transformers'.
+
+    Without this, diffusers records a component from an unknown library under its module path and, loading
+    from the Hub, looks for that module as a remote code file.
+    """
+    from diffusers.pipelines import pipeline_loading_utils as loading
+
+    methods = {DraftHeads.__name__: ["save_pretrained", "from_pretrained"]}
+    loading.LOADABLE_CLASSES.setdefault(__name__.split(".")[0], methods)
+    loading.ALL_IMPORTABLE_CLASSES.update(methods)
+
+
+_register_with_diffusers()
+
+
 @dataclass
 class SSDPipelineOutput(BaseOutput):
     """images: PIL images, an array [B, H, W, 3], a tensor [B, 3, H, W], or the codes for "latent".

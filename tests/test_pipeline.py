@@ -24,7 +24,7 @@ def run(pipe, **kwargs):
 def test_save_and_load_round_trip_gives_identical_codes(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     index = json.loads((tmp_path / "model_index.json").read_text())
-    assert index["heads"] == ["ssd_pipelines.heads", "DraftHeads"] and index["vqvae"] == ["diffusers", "VQModel"]
+    assert index["heads"] == ["ssd_pipelines", "DraftHeads"] and index["vqvae"] == ["diffusers", "VQModel"]
     assert not list(tmp_path.rglob("*.bin"))  # safetensors only
     loaded = SSDAutoregressivePipeline.from_pretrained(tmp_path)
     loaded.set_progress_bar_config(disable=True)
