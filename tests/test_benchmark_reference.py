@@ -1,0 +1,15 @@
+"""The reference benchmark runs end to end (on a tiny random pipeline: the numbers mean nothing here)."""
+
+from ssd_pipelines.benchmarks.reference import DECODINGS, main
+from ssd_pipelines.testing import tiny_pipeline
+
+
+def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
+    tiny_pipeline(rows=16, cols=16).save_pretrained(tmp_path / "model")
+    out = tmp_path / "bench.md"
+    main(["--model", str(tmp_path / "model"), "--prompts", "4", "--batch-size", "2", "--repeats", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
+    assert [row.split(" | ")[0][2:] for row in rows] == list(DECODINGS)
+    assert "| ar | " in printed and "| 256 | 1.0x |" in printed  # AR: one pass per code of 16 x 16
+    assert out.read_text().endswith(printed)
