@@ -13,3 +13,12 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
     assert [row.split(" | ")[0][2:] for row in rows] == list(DECODINGS)
     assert "| ar | " in printed and "| 256 | 1.0x |" in printed  # AR: one pass per code of 16 x 16
     assert out.read_text().endswith(printed)
+
+
+def test_ssd_bench_names_its_benchmarks():
+    import pytest
+
+    from ssd_pipelines.benchmarks import main as ssd_bench
+
+    with pytest.raises(SystemExit, match="usage: ssd-bench {exactness,reference}"):
+        ssd_bench(["nonsense"])

@@ -1,1 +1,20 @@
-"""Measurements anyone can rerun: each module prints a table and writes it under docs/."""
+"""Measurements anyone can rerun: each prints a table and writes it under docs/.
+
+    ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
+    ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {"exactness": "Distance to AR on an enumerable grid", "reference": "Reference model: adherence, speed"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        listing = "\n".join(f"  {name:10s} {about}" for name, about in BENCHMARKS.items())
+        raise SystemExit(f"usage: ssd-bench {{{','.join(BENCHMARKS)}}} [options]\n{listing}")
+    importlib.import_module(f"{__name__}.{argv[0]}").main(argv[1:])

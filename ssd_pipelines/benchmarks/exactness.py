@@ -7,7 +7,7 @@ draws many images in one batch, and the total-variation distance between its
 frequencies and the exact probabilities is compared with the noise floor of an
 exact sampler drawing as many images.
 
-    python -m ssd_pipelines.benchmarks.exactness            # prints the table, writes docs/exactness.md
+    ssd-bench exactness          # prints the table, writes docs/exactness.md
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        "# Exactness on an enumerable grid\n\nMade by `python -m ssd_pipelines.benchmarks.exactness`.\n\n"
+        "# Exactness on an enumerable grid\n\nMade by `ssd-bench exactness`.\n\n"
         + table
         + "\n"
     )

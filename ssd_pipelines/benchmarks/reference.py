@@ -5,7 +5,7 @@ generated with every decoding (guidance batched, same seeds) and scored by the
 GenEval-style evaluator. Speed: one prompt at a time, the decodings interleaved
 and repeated, the median taken; forward passes are exact, seconds are noisy.
 
-    python -m ssd_pipelines.benchmarks.reference            # prints the table, writes docs/reference_benchmark.md
+    ssd-bench reference          # prints the table, writes docs/reference_benchmark.md
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        "# Reference model: adherence and speed\n\nMade by `python -m ssd_pipelines.benchmarks.reference`.\n\n"
+        "# Reference model: adherence and speed\n\nMade by `ssd-bench reference`.\n\n"
         + table
         + "\n"
     )
