@@ -1,0 +1,43 @@
+"""The reference model's Hub folder: fp16 safetensors, a model card, loadable by the pipeline."""
+
+import torch
+from huggingface_hub import ModelCard
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.reference.publish import REPO_ID, main
+from ssd_pipelines.testing import tiny_pipeline
+
+
+def test_publish_writes_a_loadable_fp16_pipeline_and_its_card(tmp_path, capsys):
+    pipe = tiny_pipeline()
+    pipe.backbone.save_pretrained(tmp_path / "run" / "backbone")
+    pipe.tokenizer.save_pretrained(tmp_path / "run" / "tokenizer")
+    pipe.vqvae.save_pretrained(tmp_path / "vqvae")
+    pipe.heads.save_pretrained(tmp_path / "heads")
+    (tmp_path / "bench.md").write_text("# title\n\n| decoding | adherence |\n|---|---|\n| ar | 0.5 |\n")
+    out = tmp_path / "hub"
+    main(
+        [
+            "--backbone",
+            str(tmp_path / "run"),
+            "--vqvae",
+            str(tmp_path / "vqvae"),
+            "--heads",
+            str(tmp_path / "heads"),
+            "--benchmark",
+            str(tmp_path / "bench.md"),
+            "--training",
+            str(tmp_path / "none.md"),
+            "--out",
+            str(out),
+        ]
+    )
+    assert '"bytes"' in capsys.readouterr().out
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text-to-image" and card.data.license == "apache-2.0"
+    assert "| ar | 0.5 |" in card.text and "(not measured yet)" in card.text
+    assert not list(out.rglob("*.bin"))
+    loaded = SSDAutoregressivePipeline.from_pretrained(out, torch_dtype=torch.float32)
+    assert loaded.backbone.dtype == torch.float32 and loaded.heads.config.base_model == REPO_ID
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded("a red circle", decoding="exact").images[0].size == (16, 16)
