@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     from .pipeline_ssd import SSDAutoregressivePipeline  # after parsing: --help stays fast
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model()).to(args.device)
+    # Weights ship in fp16; CPUs compute fp32 far faster.
+    dtype = torch.float32 if args.device == "cpu" else torch.float16
+    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=dtype).to(args.device)
     pipe.set_progress_bar_config(disable=args.json)
     stats, files = generate(pipe, args, args.decoding)
     report = {"prompt": args.prompt, "decoding": stats, "files": files}

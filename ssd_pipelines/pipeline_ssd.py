@@ -99,7 +99,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         """Load a pipeline folder or repository, or a heads repository whose config names its base model.
 
         heads: a `DraftHeads`, a folder or a repository id; replaces the pipeline's own heads.
-        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) and `torch_dtype` pass through.
+        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) and `dtype` pass through.
         Weights load from safetensors only; pickled checkpoints are refused.
         """
         hub_options = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}

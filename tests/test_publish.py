@@ -37,7 +37,7 @@ def test_publish_writes_a_loadable_fp16_pipeline_and_its_card(tmp_path, capsys):
     assert card.data.pipeline_tag == "text-to-image" and card.data.license == "apache-2.0"
     assert "| ar | 0.5 |" in card.text and "(not measured yet)" in card.text
     assert not list(out.rglob("*.bin"))
-    loaded = SSDAutoregressivePipeline.from_pretrained(out, torch_dtype=torch.float32)
+    loaded = SSDAutoregressivePipeline.from_pretrained(out, dtype=torch.float32)
     assert loaded.backbone.dtype == torch.float32 and loaded.heads.config.base_model == REPO_ID
     loaded.set_progress_bar_config(disable=True)
     assert loaded("a red circle", decoding="exact").images[0].size == (16, 16)

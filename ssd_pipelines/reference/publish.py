@@ -43,7 +43,7 @@ It draws shapes, not photographs.
 import torch
 from ssd_pipelines import SSDAutoregressivePipeline
 
-pipe = SSDAutoregressivePipeline.from_pretrained("{repo_id}", torch_dtype=torch.float32)
+pipe = SSDAutoregressivePipeline.from_pretrained("{repo_id}", dtype=torch.float32)
 out = pipe("a red circle left of a blue square", decoding="ssd", verify_rounds=1,
            generator=torch.Generator().manual_seed(0))
 out.images[0].save("out.png")
@@ -58,7 +58,7 @@ out.images[0].save("out.png")
 | vqvae | diffusers `VQModel`, 64 x 64 -> 16 x 16 codes, codebook {codebook} | {vq_params} |
 | heads | SSD drafting heads: horizontal offsets {horizontal}, vertical offsets {vertical} | {heads_params} |
 
-Weights are fp16 safetensors; load with `torch_dtype=torch.float32` on CPU.
+Weights are fp16 safetensors; load with `dtype=torch.float32` on CPU.
 
 ## Training data
 
