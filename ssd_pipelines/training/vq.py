@@ -218,7 +218,7 @@ def save_vq(vq: VQModel, out: str | Path, dtype: torch.dtype = torch.float16) ->
 
 def load_vq(path: str | Path) -> VQModel:
     """Load a saved tokenizer in float32 eval mode (fp16 convolutions are slow or missing on CPU)."""
-    return VQModel.from_pretrained(str(path), torch_dtype=torch.float32).eval()
+    return VQModel.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 def main(argv: list[str] | None = None) -> None:
