@@ -1,9 +1,24 @@
-"""Image codes -> pixels through a diffusers `VQModel` (the reference model's tokenizer)."""
+"""Images <-> grids of codes through a diffusers `VQModel` (the reference model's tokenizer)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from diffusers import VQModel
+
+
+def images_to_tensor(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [-1, 1], the VQModel's input range."""
+    x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
+    return x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+@torch.no_grad()
+def encode_images(vq: VQModel, images: np.ndarray | torch.Tensor) -> torch.LongTensor:
+    """uint8 images [B, H, W, 3] -> codebook indices [B, H/f, W/f]."""
+    z = vq.encode(images_to_tensor(images).to(device=vq.device, dtype=vq.dtype)).latents
+    _, _, (_, _, indices) = vq.quantize(z)
+    return indices.reshape(z.shape[0], z.shape[2], z.shape[3]).long()
 
 
 @torch.no_grad()

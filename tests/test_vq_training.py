@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, make_dataset
-from ssd_pipelines.training.vq import VQConfig, decode_codes, encode_images, load_vq, main, save_vq, train_vq
+from ssd_pipelines.training.vq import VQConfig, load_vq, main, save_vq, train_vq
+from ssd_pipelines.vq import decode_codes, encode_images
 
 TINY = dict(
     block_out_channels=(8, 16, 16),

@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
 from ..reference.scenes import sample_scene
-from .vq import encode_images
+from ..vq import encode_images
 
 
 @dataclass

@@ -6,8 +6,8 @@ quantizer's own codebook/commitment loss. Unused codebook entries are restarted
 from encoder outputs every few steps, which keeps codebook usage high; without
 it most of the codebook never moves from its tiny initialisation.
 
-``encode_images`` / ``decode_codes`` are the entry points the rest of the
-project uses to turn images into tokens and back.
+``ssd_pipelines.vq`` holds ``encode_images`` / ``decode_codes``, the entry
+points the rest of the project uses to turn images into tokens and back.
 
 CLI::
 
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from diffusers import VQModel
 
 from ..reference.scenes import HELDOUT_SEED_START, IMAGE_SIZE, make_dataset, sample_scene
+from ..vq import decode_codes, encode_images, images_to_tensor
 
 
 @dataclass
@@ -70,41 +71,11 @@ def build_vq(config: VQConfig) -> VQModel:
     )
 
 
-def images_to_tensor(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [-1, 1], the VQModel's input range."""
-    x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
-    return x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
 def _quantize(vq: VQModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Encoder latents ``z``, their quantization ``z_q``, the quantizer loss and the flat code indices."""
     z = vq.encode(x).latents
     z_q, vq_loss, (_, _, indices) = vq.quantize(z)
     return z, z_q, vq_loss, indices.reshape(-1)
-
-
-@torch.no_grad()
-def encode_images(vq: VQModel, images: np.ndarray | torch.Tensor) -> torch.LongTensor:
-    """uint8 images [B, 64, 64, 3] -> codebook indices [B, 16, 16]."""
-    x = images_to_tensor(images).to(device=vq.device, dtype=vq.dtype)
-    z, _, _, indices = _quantize(vq, x)
-    return indices.reshape(z.shape[0], z.shape[2], z.shape[3]).long()
-
-
-@torch.no_grad()
-def decode_codes(vq: VQModel, codes: torch.Tensor) -> torch.Tensor:
-    """Codebook indices [B, h, w] -> float32 images [B, 3, 4h, 4w] in [0, 1].
-
-    Looks the vectors up with ``quantize.get_codebook_entry`` and decodes them
-    with ``force_not_quantize=True`` (the vectors are already on the codebook).
-    """
-    if vq.config.lookup_from_codebook:
-        raise ValueError("decode_codes expects a VQModel with lookup_from_codebook=False")
-    b, h, w = codes.shape
-    shape = (b, h, w, vq.config.vq_embed_dim or vq.config.latent_channels)
-    quant = vq.quantize.get_codebook_entry(codes.reshape(-1).to(vq.device), shape)
-    sample = vq.decode(quant, force_not_quantize=True).sample
-    return ((sample.float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
 
 @torch.no_grad()
