@@ -1,15 +1,28 @@
 """Measurements anyone can rerun: each prints a table and writes it under docs/.
 
-    ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
-    ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
+ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
+ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 BENCHMARKS = {"exactness": "Distance to AR on an enumerable grid", "reference": "Reference model: adherence, speed"}
+
+
+def report(lines: list[str], out: Path, title: str, command: str) -> None:
+    """Print a benchmark's table and write it under docs/ with the command that made it."""
+    table = "\n".join(lines)
+    print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# {title}\n\nMade by `{command}`.\n\n{table}\n")
+
+
+def format_rates(rates: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in rates) or "-"
 
 
 def main(argv: list[str] | None = None) -> None:

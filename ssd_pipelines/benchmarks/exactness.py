@@ -24,6 +24,7 @@ from ..backbones.base import ImageBackbone
 from ..decoding import ARDecoding, DecodingStrategy, ExactDecoding, SSDDecoding
 from ..decoding.base import Block, both_branches
 from ..sampling import SamplingConfig, target_probs
+from . import format_rates, report
 from ..testing import tiny_backbone, tiny_heads
 
 TOY_PROMPT = "a"
@@ -134,18 +135,10 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {r.label} | {r.total_variation:.4f} | {r.forward_passes} | "
-        f"{', '.join(f'{a:.2f}' for a in r.acceptance_per_round) or '-'} |"
+        f"| {r.label} | {r.total_variation:.4f} | {r.forward_passes} | {format_rates(r.acceptance_per_round)} |"
         for r in rows
     ]
-    table = "\n".join(lines)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        "# Exactness on an enumerable grid\n\nMade by `ssd-bench exactness`.\n\n"
-        + table
-        + "\n"
-    )
+    report(lines, args.out, "Exactness on an enumerable grid", "ssd-bench exactness")
 
 
 if __name__ == "__main__":

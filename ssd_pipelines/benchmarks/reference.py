@@ -20,6 +20,7 @@ from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from . import format_rates, report
 
 DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},
@@ -101,19 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for q in quality:
         s = speed[q["label"]]
-        acceptance = ", ".join(f"{a:.2f}" for a in q["acceptance"]) or "-"
         lines.append(
             f"| {q['label']} | {q['adherence']:.3f} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
-            f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {acceptance} |"
+            f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {format_rates(q['acceptance'])} |"
         )
-    table = "\n".join(lines)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        "# Reference model: adherence and speed\n\nMade by `ssd-bench reference`.\n\n"
-        + table
-        + "\n"
-    )
+    report(lines, args.out, "Reference model: adherence and speed", "ssd-bench reference")
 
 
 if __name__ == "__main__":
