@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/reference_benchmark.md"))
     args = parser.parse_args(argv)
 
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model())
+    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
     quality = [adherence(pipe, label, o, scenes, args.batch_size, args.guidance) for label, o in DECODINGS.items()]
