@@ -1,5 +1,8 @@
 """The reference benchmark runs end to end (on a tiny random pipeline: the numbers mean nothing here)."""
 
+import pytest
+
+from ssd_pipelines.benchmarks import main as ssd_bench
 from ssd_pipelines.benchmarks.reference import DECODINGS, main
 from ssd_pipelines.testing import tiny_pipeline
 
@@ -7,7 +10,9 @@ from ssd_pipelines.testing import tiny_pipeline
 def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
     tiny_pipeline(rows=16, cols=16).save_pretrained(tmp_path / "model")
     out = tmp_path / "bench.md"
-    main(["--model", str(tmp_path / "model"), "--prompts", "4", "--batch-size", "2", "--repeats", "1", "--out", str(out)])
+    main(
+        ["--model", str(tmp_path / "model"), "--prompts", "4", "--batch-size", "2", "--repeats", "1", "--out", str(out)]
+    )
     printed = capsys.readouterr().out
     rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
     assert [row.split(" | ")[0][2:] for row in rows] == list(DECODINGS)
@@ -16,9 +21,5 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
 
 
 def test_ssd_bench_names_its_benchmarks():
-    import pytest
-
-    from ssd_pipelines.benchmarks import main as ssd_bench
-
     with pytest.raises(SystemExit, match="usage: ssd-bench {exactness,reference}"):
         ssd_bench(["nonsense"])
