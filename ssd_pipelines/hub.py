@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from .heads import DraftHeads
 
 HEADS_CLASS = DraftHeads.__name__
-WEIGHTS_FAULTS = (SafetensorError, OSError, EnvironmentError, RuntimeError, json.JSONDecodeError)
+WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, json.JSONDecodeError)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ import torch
 
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
+pytest_plugins = ["hub_server"]  # the `hub` fixture: a loopback Hugging Face Hub
+
 
 @pytest.fixture(autouse=True)
 def _few_threads():

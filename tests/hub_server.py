@@ -4,7 +4,7 @@ Tests must show that `from_pretrained("org/repo")` downloads from a Hub and that
 without any network. `LoopbackHub` serves model repos stored in a folder, on an ephemeral port, from a
 background thread; the `hub` fixture points the installed `huggingface_hub` client at it::
 
-    from hub_server import hub  # noqa: F401  (tests/ is on sys.path: pytest's default "prepend" import mode)
+    # tests/conftest.py registers this module as a plugin (pytest_plugins), so every test can ask for `hub`:
 
     def test_download(hub):
         hub.add_repo("org/tiny", {"config.json": "{}", "weights.bin": b"\\0"})

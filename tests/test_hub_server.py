@@ -15,7 +15,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import _http, get_session
 
-from hub_server import USER, LoopbackHub, NetworkRefused, hub, loopback_client  # noqa: F401, F811
+from hub_server import USER, LoopbackHub, NetworkRefused, loopback_client
 
 FILES = {"config.json": b'{"rows": 4}', "weights/model.bin": b"\x00\x01\x02", "README.md": b"# tiny"}
 

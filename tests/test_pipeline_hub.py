@@ -4,7 +4,6 @@ import pytest
 import torch
 from huggingface_hub import constants
 
-from hub_server import hub  # noqa: F401
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
 
@@ -15,7 +14,7 @@ def codes(pipe, **kwargs):
 
 
 @pytest.fixture
-def published(hub):  # noqa: F811
+def published(hub):
     """org/tiny-base: a pipeline without heads; org/tiny-heads: heads naming it as their base model."""
     base = tiny_pipeline(with_heads=False)
     base.push_to_hub("org/tiny-base", token="hf_writer")
@@ -25,7 +24,7 @@ def published(hub):  # noqa: F811
     return base, heads
 
 
-def test_push_to_hub_then_from_pretrained_round_trips(hub):  # noqa: F811
+def test_push_to_hub_then_from_pretrained_round_trips(hub):
     pipe = tiny_pipeline()
     pipe.push_to_hub("org/tiny-ssd", token="hf_writer")
     hub.add_repo("org/tiny-ssd", {**hub.files("org/tiny-ssd"), "notes/large-unused.bin": b"\0" * 1000})
@@ -36,7 +35,7 @@ def test_push_to_hub_then_from_pretrained_round_trips(hub):  # noqa: F811
     assert "Bearer hf_reader" in {r.authorization for r in hub.requests}
 
 
-def test_a_heads_repository_pulls_its_base_model(hub, published):  # noqa: F811
+def test_a_heads_repository_pulls_its_base_model(hub, published):
     base, heads = published
     pipe = SSDAutoregressivePipeline.from_pretrained("org/tiny-heads")
     assert sorted(hub.downloaded("org/tiny-heads")) == ["config.json", "diffusion_pytorch_model.safetensors"]
@@ -44,14 +43,14 @@ def test_a_heads_repository_pulls_its_base_model(hub, published):  # noqa: F811
     assert torch.equal(codes(pipe), codes(base))
 
 
-def test_a_base_repository_with_heads_given(hub, published):  # noqa: F811
+def test_a_base_repository_with_heads_given(hub, published):
     base, heads = published
     for given in ("org/tiny-heads", heads):
         pipe = SSDAutoregressivePipeline.from_pretrained("org/tiny-base", heads=given)
         assert pipe.heads is not None and codes(pipe, decoding="exact").shape == (1, 4, 4)
 
 
-def test_revision_picks_the_version(hub, published):  # noqa: F811
+def test_revision_picks_the_version(hub, published):
     sha = hub.add_repo("org/tiny-heads", hub.files("org/tiny-heads"), revision="v2")
     pipe = SSDAutoregressivePipeline.from_pretrained("org/tiny-heads", revision=sha)
     assert pipe.heads is not None
@@ -59,14 +58,14 @@ def test_revision_picks_the_version(hub, published):  # noqa: F811
         SSDAutoregressivePipeline.from_pretrained("org/tiny-heads", revision="nope")
 
 
-def test_heads_trained_for_another_base_model_are_refused(hub, published):  # noqa: F811
+def test_heads_trained_for_another_base_model_are_refused(hub, published):
     _, heads = published
     heads.register_to_config(base_model="org/another-model")
     with pytest.raises(ValueError, match="trained for 'org/another-model', not for 'org/tiny-base'"):
         SSDAutoregressivePipeline.from_pretrained("org/tiny-base", heads=heads)
 
 
-def test_offline_loading_from_the_cache(hub, published, monkeypatch):  # noqa: F811
+def test_offline_loading_from_the_cache(hub, published, monkeypatch):
     online = codes(SSDAutoregressivePipeline.from_pretrained("org/tiny-heads"))
     hub.close()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -75,6 +74,6 @@ def test_offline_loading_from_the_cache(hub, published, monkeypatch):  # noqa: F
         SSDAutoregressivePipeline.from_pretrained("org/never-downloaded")
 
 
-def test_an_unknown_repository(hub):  # noqa: F811
+def test_an_unknown_repository(hub):
     with pytest.raises(ValueError, match="neither a local folder nor a Hub repository"):
         SSDAutoregressivePipeline.from_pretrained("org/missing")

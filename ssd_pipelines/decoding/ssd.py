@@ -78,7 +78,9 @@ class SSDDecoding(DecodingStrategy):
         state, h_next = run.prefill()  # h_next: [B', d], predicts the first cell of the next block
         blocks = self.plan_blocks(run.grid)
         rounds = RoundCounter()
-        row_hidden = row_embeds = None  # z of the last committed row: [B', C, d], [B', C, d_e]
+        # z of the last committed row, [h; e]: [B', C, d_h] and [B', C, d_e]
+        row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.hidden_size)
+        row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
         for index, block in enumerate(blocks):
             if block.first_row == 0:
                 codes, q = self._draft_right(run, block, h_next)
@@ -91,11 +93,8 @@ class SSDDecoding(DecodingStrategy):
                 hidden, block_hidden = committed
                 h_next = hidden[:, -1]
                 cells, cols = block.last_row_slice()
-                if row_hidden is None:
-                    row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, h_next.shape[-1])
-                    row_embeds = torch.zeros_like(row_hidden)
                 row_hidden[:, cols] = block_hidden[:, cells]
-                row_embeds[:, cols] = run.embed_codes(codes[:, cells]).to(row_embeds.dtype)
+                row_embeds[:, cols] = run.embed_codes(codes[:, cells])
             if block.end % run.grid.cols == 0:
                 run.rows_committed(block.last_row)
             if run.stopped:
