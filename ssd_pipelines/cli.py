@@ -111,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         lines += [
             describe(baseline, baseline_files),
-            f"speedup over ar: {report['speedup']['forward_passes']:.1f}x fewer forward passes, "
-            f"{report['speedup']['seconds']:.1f}x less time",
+            (
+                f"speedup over ar: {report['speedup']['forward_passes']:.1f}x fewer forward passes, "
+                f"{report['speedup']['seconds']:.1f}x less time"
+            ),
         ]
     print(json.dumps(report, indent=2) if args.json else "\n".join(lines))
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import PIL.Image
@@ -79,8 +80,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
     """
 
     model_cpu_offload_seq = "backbone->vqvae"
-    _optional_components = ["vqvae", "heads"]
-    _callback_tensor_inputs = ["codes"]
+    _optional_components: ClassVar[list[str]] = ["vqvae", "heads"]
+    _callback_tensor_inputs: ClassVar[list[str]] = ["codes"]
 
     def __init__(
         self,

@@ -9,10 +9,9 @@ maths then produces a visibly wrong distribution.
 from __future__ import annotations
 
 import torch
+from diffusers import VQModel
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-from diffusers import VQModel
 
 from .backbones import GridTokens, LlamaGridBackbone
 from .heads import DraftHeads

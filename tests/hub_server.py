@@ -68,6 +68,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import httpx2
@@ -377,7 +378,7 @@ class LoopbackHub:
             self._thread.join(timeout=5)
         self._server.server_close()
 
-    def __enter__(self) -> LoopbackHub:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -6,6 +6,7 @@ from urllib.parse import urlsplit
 
 import huggingface_hub
 import pytest
+from hub_server import USER, LoopbackHub, NetworkRefused, loopback_client
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     HfHubHTTPError,
@@ -14,8 +15,6 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import _http, get_session
-
-from hub_server import USER, LoopbackHub, NetworkRefused, loopback_client
 
 FILES = {"config.json": b'{"rows": 4}', "weights/model.bin": b"\x00\x01\x02", "README.md": b"# tiny"}
 

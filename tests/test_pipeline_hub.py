@@ -44,7 +44,7 @@ def test_a_heads_repository_pulls_its_base_model(hub, published):
 
 
 def test_a_base_repository_with_heads_given(hub, published):
-    base, heads = published
+    _base, heads = published
     for given in ("org/tiny-heads", heads):
         pipe = SSDAutoregressivePipeline.from_pretrained("org/tiny-base", heads=given)
         assert pipe.heads is not None and codes(pipe, decoding="exact").shape == (1, 4, 4)

@@ -75,9 +75,7 @@ def test_rendered_objects_match_the_caption(scenes):
             hits = [
                 r
                 for r in s.spec.rendered
-                if r.shape == claim.shape
-                and claim.color in (None, r.color)
-                and claim.size in (None, r.size)
+                if r.shape == claim.shape and claim.color in (None, r.color) and claim.size in (None, r.size)
             ]
             assert len(hits) >= claim.count, s.caption
         if s.spec.task in ("color_attr", "position"):

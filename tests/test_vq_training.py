@@ -10,17 +10,17 @@ from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, make_dataset
 from ssd_pipelines.training.vq import VQConfig, load_vq, main, save_vq, train_vq
 from ssd_pipelines.vq import decode_codes, encode_images
 
-TINY = dict(
-    block_out_channels=(8, 16, 16),
-    latent_channels=4,
-    num_vq_embeddings=64,
-    norm_num_groups=4,
-    batch_size=4,
-    warmup_steps=5,
-    restart_every=10,
-    eval_images=8,
-    print_every=1000,
-)
+TINY = {
+    "block_out_channels": (8, 16, 16),
+    "latent_channels": 4,
+    "num_vq_embeddings": 64,
+    "norm_num_groups": 4,
+    "batch_size": 4,
+    "warmup_steps": 5,
+    "restart_every": 10,
+    "eval_images": 8,
+    "print_every": 1000,
+}
 
 
 @pytest.fixture(scope="module")

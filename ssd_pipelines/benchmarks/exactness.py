@@ -24,8 +24,8 @@ from ..backbones.base import ImageBackbone
 from ..decoding import ARDecoding, DecodingStrategy, ExactDecoding, SSDDecoding
 from ..decoding.base import Block, both_branches
 from ..sampling import SamplingConfig, target_probs
-from . import format_rates, report
 from ..testing import tiny_backbone, tiny_heads
+from . import format_rates, report
 
 TOY_PROMPT = "a"
 
@@ -125,9 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     ]
     grid = backbone.grid
     lines = [
-        f"Enumerable grid: {grid.rows} x {grid.cols} codes (+ end-of-line), codebook {grid.codebook_size}, "
-        f"{len(probs)} possible images; random backbone and random heads; guidance {args.guidance}, temperature 1; "
-        f"{args.samples} samples per strategy.",
+        (
+            f"Enumerable grid: {grid.rows} x {grid.cols} codes (+ end-of-line), codebook {grid.codebook_size}, "
+            f"{len(probs)} possible images; random backbone and random heads; guidance {args.guidance}, temperature 1; "
+            f"{args.samples} samples per strategy."
+        ),
         "",
         f"Noise floor (exact sampler, {args.samples} samples, 20 repeats): TV {floor:.4f} +- {spread:.4f}",
         "",

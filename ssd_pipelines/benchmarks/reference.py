@@ -92,12 +92,16 @@ def main(argv: list[str] | None = None) -> None:
     speed = latency(pipe, scenes, args.repeats, args.guidance)
     ar = speed["ar"]
     lines = [
-        f"Reference model, {args.prompts} held-out prompts, guidance {args.guidance} (batched in every decoding), "
-        f"temperature 1; latency: one image, median of {args.repeats}, decodings interleaved, "
-        f"{torch.get_num_threads()} CPU threads.",
+        (
+            f"Reference model, {args.prompts} held-out prompts, guidance {args.guidance} (batched in every decoding), "
+            f"temperature 1; latency: one image, median of {args.repeats}, decodings interleaved, "
+            f"{torch.get_num_threads()} CPU threads."
+        ),
         "",
-        "| decoding | adherence | passes / image | fewer passes than AR | seconds / image | speedup | "
-        "acceptance per round |",
+        (
+            "| decoding | adherence | passes / image | fewer passes than AR | seconds / image | speedup | "
+            "acceptance per round |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for q in quality:

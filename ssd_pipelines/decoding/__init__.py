@@ -27,6 +27,7 @@ def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> Deco
 
 
 __all__ = [
+    "STRATEGIES",
     "ARDecoding",
     "DecodeOutput",
     "DecodeStats",
@@ -34,6 +35,5 @@ __all__ = [
     "ExactDecoding",
     "RowCallback",
     "SSDDecoding",
-    "STRATEGIES",
     "make_strategy",
 ]

@@ -1,6 +1,6 @@
 """Print the captions of a range of scene seeds, one per line: the prompt lists of training and evaluation.
 
-    python -m ssd_pipelines.reference.captions --count 1000 --seed 0 > runs/distill_prompts.txt
+python -m ssd_pipelines.reference.captions --count 1000 --seed 0 > runs/distill_prompts.txt
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def detect(image: np.ndarray | Image.Image) -> list[Detection]:
                 size="large" if max(x1 - x0, y1 - y0) >= LARGE_MIN_SIDE else "small",
                 centre=(float(xs.mean()) + 0.5, float(ys.mean()) + 0.5),
                 box=(int(x0), int(y0), int(x1), int(y1)),
-                area=int(len(ys)),
+                area=len(ys),
             )
         )
     return found
