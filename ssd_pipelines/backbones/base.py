@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
 import torch
 
 
@@ -75,7 +76,7 @@ class PromptBatch:
 class KVState:
     """A KV cache over prompt + committed image tokens, and what positions need."""
 
-    cache: object  # the model's cache object (transformers `DynamicCache` for HF models)
+    cache: object  # the model's cache object (a transformers `Cache` for HF models)
     prompt_mask: torch.Tensor | None  # [B', P]; None when no row is padded
     prompt_lengths: torch.Tensor  # [B', 1] tokens of each row that are not padding
     prompt_width: int  # P

@@ -2,9 +2,10 @@
 
 Janus-Pro, Emu3, Lumina-mGPT and our Llama reference model are all transformers
 decoder stacks ending in a final RMSNorm. This class runs such a stack on input
-embeddings with a `DynamicCache` that can be rewound (the rollback speculative
-decoding needs), handles left-padded prompt batches (positions and masks), and
-returns the hidden states *before* the final norm, taken from the same pass.
+embeddings with a KV cache that can be rewound (the rollback speculative
+decoding needs) and is preallocated for the whole image (`kv_cache.py`),
+handles left-padded prompt batches (positions and masks), and returns the
+hidden states *before* the final norm, taken from the same pass.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from .base import ImageBackbone, KVState, PromptBatch
+from .kv_cache import preallocated_cache
 
 
 @contextmanager
@@ -63,7 +64,7 @@ class CausalLMBackbone(ImageBackbone):
         mask = prompts.attention_mask.to(self.device)
         padded = not bool(mask.all())
         state = KVState(
-            cache=DynamicCache(),
+            cache=preallocated_cache(ids.shape[1] + self.grid.sequence_length + 1),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=ids.shape[1],
