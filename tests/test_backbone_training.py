@@ -1,6 +1,9 @@
 """Smoke test of the reference backbone trainer: a few steps on a tiny configuration."""
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 import torch
 
 from ssd_pipelines import LlamaGridBackbone, SSDAutoregressivePipeline
@@ -64,3 +67,16 @@ def test_a_few_steps_lower_the_loss_and_the_model_plugs_into_the_pipeline():
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", decoding="ar", generator=torch.Generator().manual_seed(0))
     assert out.images[0].size == (64, 64) and out.codes.shape == (1, 16, 16)
+
+
+def test_a_run_continues_from_a_saved_backbone_and_refuses_another_layout(tmp_path):
+    tokenizer = build_caption_tokenizer()
+    tokens = reference_grid_tokens(tokenizer, 8)
+    earlier = build_backbone(TINY, tokens, tokenizer)
+    earlier.save_pretrained(tmp_path / "earlier")
+    continued = build_backbone(replace(TINY, init=str(tmp_path / "earlier")), tokens, tokenizer)
+    for ours, theirs in zip(continued.parameters(), earlier.parameters()):
+        assert torch.equal(ours, theirs)
+    other_codebook = reference_grid_tokens(tokenizer, 16)
+    with pytest.raises(ValueError, match="does not match this run's"):
+        build_backbone(replace(TINY, init=str(tmp_path / "earlier")), other_codebook, tokenizer)

@@ -47,6 +47,7 @@ class BackboneConfig:
     seed: int = 0
     log_every: int = 25
     max_minutes: float = 0.0  # > 0: stop at this wall-clock budget, the LR schedule shortened to match
+    init: str = ""  # a saved backbone folder to continue training from (a new warm-up and cosine cycle)
 
 
 def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int) -> GridTokens:
@@ -65,6 +66,9 @@ def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int
 
 
 def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    """A fresh model of the configured size, or the `config.init` checkpoint when continuing a run."""
+    if config.init:
+        return continued_backbone(Path(config.init), tokens)
     llama = LlamaConfig(
         vocab_size=tokens.code_offset + tokens.codebook_size,
         hidden_size=config.hidden_size,
@@ -81,6 +85,18 @@ def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTra
     )
     torch.manual_seed(config.seed)
     return LlamaForCausalLM(llama)
+
+
+def continued_backbone(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
+    """Load an earlier run's backbone; its vocabulary layout must be this run's."""
+    model = LlamaForCausalLM.from_pretrained(folder, use_safetensors=True, dtype=torch.float32)
+    saved = getattr(model.config, "image_grid", None)
+    if saved != tokens.to_dict():
+        raise ValueError(
+            f"--init {folder}: its image_grid {saved} does not match this run's {tokens.to_dict()}; "
+            "continue only from a backbone trained with the same VQ codebook and caption tokenizer"
+        )
+    return model
 
 
 @dataclass
