@@ -3,7 +3,7 @@
 import pytest
 
 from ssd_pipelines.benchmarks import main as ssd_bench
-from ssd_pipelines.benchmarks.reference import DECODINGS, main
+from ssd_pipelines.benchmarks.reference import DECODINGS, main, paired_difference
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -23,3 +23,15 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
 def test_ssd_bench_names_its_benchmarks():
     with pytest.raises(SystemExit, match="usage: ssd-bench {exactness,reference}"):
         ssd_bench(["nonsense"])
+
+
+def test_paired_difference_is_the_difference_of_task_averaged_adherence():
+    def results(task_passes):
+        return [{"task": task, "passed": bool(p)} for task, passes in task_passes for p in passes]
+
+    ours = results([("colors", [1, 1, 0, 0]), ("counting", [1, 1])])  # adherence (0.5 + 1) / 2
+    base = results([("colors", [0, 1, 0, 1]), ("counting", [0, 0])])  # adherence (0.5 + 0) / 2
+    diff, se = paired_difference(ours, base)
+    assert diff == pytest.approx(0.5)
+    # colors: differences [1, 0, 0, -1], sample variance 2/3 over 4 prompts; counting: no spread; two tasks
+    assert se == pytest.approx(((2 / 3) / 4) ** 0.5 / 2)

@@ -14,6 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..cli import default_model
@@ -52,7 +53,23 @@ def adherence(pipe, label: str, options: dict, scenes, batch_size: int, guidance
         for k in range(rounds)
     ]
     report = evaluate(images, [s.spec for s in scenes])
-    return {"label": label, "adherence": report["overall"], "acceptance": acceptance}
+    return {"label": label, "adherence": report["overall"], "results": report["results"], "acceptance": acceptance}
+
+
+def paired_difference(results: list[dict], baseline: list[dict]) -> tuple[float, float]:
+    """Adherence difference to the baseline on the same prompts, and its standard error.
+
+    Adherence is the mean of per-task accuracies, so the difference is the mean of
+    per-task mean paired differences (pass - pass per prompt), and its variance the
+    sum of their variances over the number of tasks squared.
+    """
+    by_task: dict[str, list[int]] = {}
+    for ours, theirs in zip(results, baseline, strict=True):
+        by_task.setdefault(ours["task"], []).append(int(ours["passed"]) - int(theirs["passed"]))
+    diffs = [np.asarray(d, dtype=float) for d in by_task.values()]
+    mean = float(np.mean([d.mean() for d in diffs]))
+    variance = sum(d.var(ddof=1) / len(d) if len(d) > 1 else 0.0 for d in diffs) / len(diffs) ** 2
+    return mean, float(np.sqrt(variance))
 
 
 def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
@@ -99,15 +116,18 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "",
         (
-            "| decoding | adherence | passes / image | fewer passes than AR | seconds / image | speedup | "
-            "acceptance per round |"
+            "| decoding | adherence | vs AR (paired, +- s.e.) | passes / image | fewer passes than AR | "
+            "seconds / image | speedup | acceptance per round |"
         ),
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    baseline = quality[0]["results"]
     for q in quality:
         s = speed[q["label"]]
+        diff, se = paired_difference(q["results"], baseline)
+        versus = "-" if q["results"] is baseline else f"{diff:+.3f} +- {se:.3f}"
         lines.append(
-            f"| {q['label']} | {q['adherence']:.3f} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
+            f"| {q['label']} | {q['adherence']:.3f} | {versus} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
             f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {format_rates(q['acceptance'])} |"
         )
     report(lines, args.out, "Reference model: adherence and speed", "ssd-bench reference")
