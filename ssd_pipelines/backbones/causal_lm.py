@@ -63,8 +63,8 @@ class CausalLMBackbone(ImageBackbone):
         ids = prompts.input_ids.to(self.device)
         mask = prompts.attention_mask.to(self.device)
         padded = not bool(mask.all())
-        state = KVState(
-            cache=preallocated_cache(ids.shape[1] + self.grid.sequence_length + 1),
+        state = KVState(  # the cache holds at most the prompt and the whole image sequence
+            cache=preallocated_cache(ids.shape[1] + self.grid.sequence_length),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=ids.shape[1],
