@@ -78,5 +78,5 @@ def test_a_run_continues_from_a_saved_backbone_and_refuses_another_layout(tmp_pa
     for ours, theirs in zip(continued.parameters(), earlier.parameters()):
         assert torch.equal(ours, theirs)
     other_codebook = reference_grid_tokens(tokenizer, 16)
-    with pytest.raises(ValueError, match="does not match this run's"):
+    with pytest.raises(ValueError, match="does not match the expected"):
         build_backbone(replace(TINY, init=str(tmp_path / "earlier")), other_codebook, tokenizer)

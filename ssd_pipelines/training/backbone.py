@@ -68,7 +68,7 @@ def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int
 def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
     """A fresh model of the configured size, or the `config.init` checkpoint when continuing a run."""
     if config.init:
-        return continued_backbone(Path(config.init), tokens)
+        return load_backbone(Path(config.init), tokens)
     llama = LlamaConfig(
         vocab_size=tokens.code_offset + tokens.codebook_size,
         hidden_size=config.hidden_size,
@@ -87,14 +87,14 @@ def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTra
     return LlamaForCausalLM(llama)
 
 
-def continued_backbone(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
-    """Load an earlier run's backbone; its vocabulary layout must be this run's."""
+def load_backbone(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
+    """Load a saved backbone whose vocabulary layout must be `tokens` (same codebook and caption words)."""
     model = LlamaForCausalLM.from_pretrained(folder, use_safetensors=True, dtype=torch.float32)
     saved = getattr(model.config, "image_grid", None)
     if saved != tokens.to_dict():
         raise ValueError(
-            f"--init {folder}: its image_grid {saved} does not match this run's {tokens.to_dict()}; "
-            "continue only from a backbone trained with the same VQ codebook and caption tokenizer"
+            f"{folder}: its image_grid {saved} does not match the expected {tokens.to_dict()}; "
+            "use a backbone trained with the same VQ codebook and caption tokenizer"
         )
     return model
 
@@ -155,11 +155,16 @@ def training_batch(
     return torch.cat([prompt, image_sequence(data.codes[index], tokens)], dim=1), prompt.shape[1] - 1
 
 
-def image_loss(model: LlamaForCausalLM, ids: torch.Tensor, boi: int) -> torch.Tensor:
-    """Next-token cross-entropy over the image part only (the prompt is given, not modelled)."""
+def image_nll(model: LlamaForCausalLM, ids: torch.Tensor, boi: int) -> torch.Tensor:
+    """Next-token cross-entropy of each image-part token, [B, T - boi - 1] (the prompt is given, not modelled)."""
     hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, boi:]  # predicts ids[:, boi + 1:]
     logits = model.lm_head(hidden)
-    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, boi + 1 :].flatten())
+    return F.cross_entropy(logits.transpose(1, 2).float(), ids[:, boi + 1 :], reduction="none")
+
+
+def image_loss(model: LlamaForCausalLM, ids: torch.Tensor, boi: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over the image part, EOL and EOI included."""
+    return image_nll(model, ids, boi).mean()
 
 
 def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
