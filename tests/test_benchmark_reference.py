@@ -11,7 +11,10 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
     tiny_pipeline(rows=16, cols=16).save_pretrained(tmp_path / "model")
     out = tmp_path / "bench.md"
     main(
-        ["--model", str(tmp_path / "model"), "--prompts", "4", "--batch-size", "2", "--repeats", "1", "--out", str(out)]
+        [
+            *("--model", str(tmp_path / "model"), "--prompts", "3", "--images-per-prompt", "2"),
+            *("--batch-size", "4", "--repeats", "1", "--out", str(out)),
+        ]
     )
     printed = capsys.readouterr().out
     rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
@@ -35,3 +38,14 @@ def test_paired_difference_is_the_difference_of_task_averaged_adherence():
     assert diff == pytest.approx(0.5)
     # colors: differences [1, 0, 0, -1], sample variance 2/3 over 4 prompts; counting: no spread; two tasks
     assert se == pytest.approx(((2 / 3) / 4) ** 0.5 / 2)
+
+
+def test_paired_difference_treats_a_prompts_images_as_one_sample():
+    ours = [{"task": t, "passed": p} for t, p in [("colors", 1), ("colors", 1), ("colors", 0), ("colors", 0)]]
+    ours += [{"task": "counting", "passed": 1}, {"task": "counting", "passed": 0}]
+    base = [{"task": t, "passed": p} for t, p in [("colors", 0), ("colors", 1), ("colors", 0), ("colors", 1)]]
+    base += [{"task": "counting", "passed": 0}, {"task": "counting", "passed": 0}]
+    diff, se = paired_difference(ours, base, images_per_prompt=2)
+    assert diff == pytest.approx(paired_difference(ours, base)[0]) == pytest.approx(0.25)
+    # colors: per-prompt differences [0.5, -0.5], sample variance 0.5 over 2 prompts; counting: one prompt
+    assert se == pytest.approx((0.5 / 2) ** 0.5 / 2)

@@ -1,8 +1,8 @@
 """Adherence and speed of each decoding on the reference model, side by side in one run.
 
 Adherence: the held-out prompts (scene seeds from `HELDOUT_SEED_START`) are
-generated with every decoding (guidance batched, same seeds) and scored by the
-GenEval-style evaluator. Speed: one prompt at a time, the decodings interleaved
+generated with every decoding (guidance batched, same seeds), several images per
+prompt as GenEval does, and scored by the GenEval-style evaluator. Speed: one prompt at a time, the decodings interleaved
 and repeated, the median taken; forward passes are exact, seconds are noisy.
 
     ssd-bench reference          # prints the table, writes docs/reference_benchmark.md
@@ -32,13 +32,20 @@ DECODINGS: dict[str, dict] = {
 }
 
 
-def adherence(pipe, label: str, options: dict, scenes, batch_size: int, guidance: float) -> dict:
-    """Generate every held-out prompt with one decoding; evaluator accuracy and mean statistics."""
+def adherence(
+    pipe, label: str, options: dict, scenes, images_per_prompt: int, batch_size: int, guidance: float
+) -> dict:
+    """Generate every held-out prompt with one decoding; evaluator accuracy and mean statistics.
+
+    `batch_size` counts images per pipeline call; results are prompt-major.
+    """
     images, accepted, drafted = [], [], []
-    for start in range(0, len(scenes), batch_size):
-        chunk = scenes[start : start + batch_size]
+    prompts_per_call = max(1, batch_size // images_per_prompt)
+    for start in range(0, len(scenes), prompts_per_call):
+        chunk = scenes[start : start + prompts_per_call]
         out = pipe(
             [s.caption for s in chunk],
+            num_images_per_prompt=images_per_prompt,
             guidance_scale=guidance,
             generator=torch.Generator().manual_seed(start),
             output_type="np",
@@ -52,20 +59,24 @@ def adherence(pipe, label: str, options: dict, scenes, batch_size: int, guidance
         sum(a[k] for a in accepted if k < len(a)) / max(1, sum(d[k] for d in drafted if k < len(d)))
         for k in range(rounds)
     ]
-    report = evaluate(images, [s.spec for s in scenes])
+    report = evaluate(images, [s.spec for s in scenes for _ in range(images_per_prompt)])
     return {"label": label, "adherence": report["overall"], "results": report["results"], "acceptance": acceptance}
 
 
-def paired_difference(results: list[dict], baseline: list[dict]) -> tuple[float, float]:
+def paired_difference(results: list[dict], baseline: list[dict], images_per_prompt: int = 1) -> tuple[float, float]:
     """Adherence difference to the baseline on the same prompts, and its standard error.
 
     Adherence is the mean of per-task accuracies, so the difference is the mean of
-    per-task mean paired differences (pass - pass per prompt), and its variance the
-    sum of their variances over the number of tasks squared.
+    per-task mean paired differences (pass - pass per prompt, averaged over the
+    prompt's images, which are not independent of each other), and its variance
+    the sum of their variances over the number of tasks squared.
     """
-    by_task: dict[str, list[int]] = {}
-    for ours, theirs in zip(results, baseline, strict=True):
-        by_task.setdefault(ours["task"], []).append(int(ours["passed"]) - int(theirs["passed"]))
+    by_task: dict[str, list[float]] = {}
+    pairs = list(zip(results, baseline, strict=True))
+    for start in range(0, len(pairs), images_per_prompt):
+        prompt = pairs[start : start + images_per_prompt]
+        diff = np.mean([int(ours["passed"]) - int(theirs["passed"]) for ours, theirs in prompt])
+        by_task.setdefault(prompt[0][0]["task"], []).append(diff)
     diffs = [np.asarray(d, dtype=float) for d in by_task.values()]
     mean = float(np.mean([d.mean() for d in diffs]))
     variance = sum(d.var(ddof=1) / len(d) if len(d) > 1 else 0.0 for d in diffs) / len(diffs) ** 2
@@ -96,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
     parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per decoding")
-    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--images-per-prompt", type=int, default=4, help="images scored per prompt (GenEval: 4)")
+    parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
     parser.add_argument("--repeats", type=int, default=5, help="single-image timings per decoding (median)")
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=Path("docs/reference_benchmark.md"))
@@ -105,12 +117,16 @@ def main(argv: list[str] | None = None) -> None:
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
-    quality = [adherence(pipe, label, o, scenes, args.batch_size, args.guidance) for label, o in DECODINGS.items()]
+    quality = [
+        adherence(pipe, label, o, scenes, args.images_per_prompt, args.batch_size, args.guidance)
+        for label, o in DECODINGS.items()
+    ]
     speed = latency(pipe, scenes, args.repeats, args.guidance)
     ar = speed["ar"]
     lines = [
         (
-            f"Reference model, {args.prompts} held-out prompts, guidance {args.guidance} (batched in every decoding), "
+            f"Reference model, {args.prompts} held-out prompts x {args.images_per_prompt} images, "
+            f"guidance {args.guidance} (batched in every decoding), "
             f"temperature 1; latency: one image, median of {args.repeats}, decodings interleaved, "
             f"{torch.get_num_threads()} CPU threads."
         ),
@@ -124,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     baseline = quality[0]["results"]
     for q in quality:
         s = speed[q["label"]]
-        diff, se = paired_difference(q["results"], baseline)
+        diff, se = paired_difference(q["results"], baseline, args.images_per_prompt)
         versus = "-" if q["results"] is baseline else f"{diff:+.3f} +- {se:.3f}"
         lines.append(
             f"| {q['label']} | {q['adherence']:.3f} | {versus} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
