@@ -12,12 +12,12 @@ from ssd_pipelines.testing import tiny_vqvae
 from ssd_pipelines.training.backbone import (
     BackboneConfig,
     build_backbone,
-    encode_scenes,
     image_sequence,
     reference_grid_tokens,
     train_backbone,
     training_batch,
 )
+from ssd_pipelines.training.encoded_scenes import encode_scenes
 
 TINY = BackboneConfig(
     hidden_size=32,
@@ -56,13 +56,14 @@ def test_dropped_captions_become_the_adapters_unconditional_prompt():
     assert ids[0, : boi + 1].tolist() == batch.input_ids[0].tolist()  # the conditional row
 
 
-def test_a_few_steps_lower_the_loss_and_the_model_plugs_into_the_pipeline():
+def test_a_few_steps_lower_the_loss_and_the_model_plugs_into_the_pipeline(tmp_path):
     torch.manual_seed(0)
     tokenizer = build_caption_tokenizer()
     vq = tiny_vqvae()
-    model, log = train_backbone(TINY, vq, tokenizer)
+    model, log = train_backbone(replace(TINY, scene_cache=str(tmp_path / "scenes.safetensors")), vq, tokenizer)
     losses = [entry["loss"] for entry in log["loss"]]
     assert losses[-1] < 0.8 * losses[0], losses
+    assert (tmp_path / "scenes.safetensors").is_file()  # the next run reads the encoded scenes back
     pipe = SSDAutoregressivePipeline(model, tokenizer, vq)
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", decoding="ar", generator=torch.Generator().manual_seed(0))

@@ -10,11 +10,11 @@ from ssd_pipelines.testing import tiny_vqvae
 from ssd_pipelines.training.backbone import (
     BackboneConfig,
     build_backbone,
-    encode_scenes,
     image_nll,
     reference_grid_tokens,
     training_batch,
 )
+from ssd_pipelines.training.encoded_scenes import encode_scenes
 from ssd_pipelines.training.heldout_loss import code_losses, main, object_cells, split_losses
 
 TINY = BackboneConfig(hidden_size=32, layers=1, attention_heads=2, intermediate_size=64)

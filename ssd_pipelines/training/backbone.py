@@ -4,10 +4,11 @@ Sequence: [BOS, caption words, BOI, 16 x (16 codes, EOL), EOI], next-token loss 
 the image part only. About 10% of captions are dropped for guidance: their words
 become pad tokens (still attended), exactly the unconditional prompt the Llama
 adapter builds at inference. Batches hold captions of one length, so training
-needs no padding mask.
+needs no padding mask. On a GPU it trains under bf16 autocast; the encoded
+scenes can be cached (`--scene-cache`), so that a GPU run spends its time training.
 
     python -m ssd_pipelines.training.backbone --vq hub_cards/ssd-reference/vqvae \
-        --out runs/backbone --images 26000 --steps 800
+        --out runs/backbone --images 26000 --steps 800 --scene-cache runs/scenes_26000.safetensors
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
-from ..reference.scenes import sample_scene
-from ..vq import encode_images
+from .encoded_scenes import EncodedScenes, cached_scenes
 
 
 @dataclass
@@ -48,6 +48,8 @@ class BackboneConfig:
     log_every: int = 25
     max_minutes: float = 0.0  # > 0: stop at this wall-clock budget, the LR schedule shortened to match
     init: str = ""  # a saved backbone folder to continue training from (a new warm-up and cosine cycle)
+    scene_cache: str = ""  # safetensors file of the encoded scenes: read when present, else written
+    device: str = ""  # torch device; default: cuda when available (bf16 autocast there), else cpu
 
 
 def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int) -> GridTokens:
@@ -99,25 +101,6 @@ def load_backbone(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
     return model
 
 
-@dataclass
-class EncodedScenes:
-    """Captions as word ids (no specials) and images as VQ codes [N, 16, 16]."""
-
-    captions: list[list[int]]
-    codes: torch.Tensor
-
-
-def encode_scenes(
-    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, batch_size: int = 256
-) -> EncodedScenes:
-    captions, codes = [], []
-    for start in range(seeds.start, seeds.stop, batch_size):
-        scenes = [sample_scene(s) for s in range(start, min(start + batch_size, seeds.stop))]
-        captions += [tokenizer(s.caption, add_special_tokens=False)["input_ids"] for s in scenes]
-        codes.append(encode_images(vq, np.stack([s.image for s in scenes])).cpu())
-    return EncodedScenes(captions, torch.cat(codes))
-
-
 def image_sequence(codes: torch.Tensor, tokens: GridTokens) -> torch.Tensor:
     """Codes [B, 16, 16] -> vocabulary ids of the image part [B, 16 * 17 + 1]: rows with EOL, then EOI."""
     rows = codes + tokens.code_offset
@@ -167,6 +150,11 @@ def image_loss(model: LlamaForCausalLM, ids: torch.Tensor, boi: int) -> torch.Te
     return image_nll(model, ids, boi).mean()
 
 
+def training_device(name: str) -> torch.device:
+    """The named device; by default cuda when there is one, else cpu."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
     """Linear warmup, then cosine to a tenth, over the steps or the time budget, whichever ends first."""
     if step < config.warmup_steps:
@@ -183,9 +171,11 @@ def train_backbone(
     """Returns (model, log). `data` defaults to the first `config.images` training scenes."""
     tokens = reference_grid_tokens(tokenizer, vq.config.num_vq_embeddings)
     started = time.perf_counter()
-    data = data or encode_scenes(vq, tokenizer, range(config.images))
+    device = training_device(config.device)
+    cache = Path(config.scene_cache) if config.scene_cache else None
+    data = data or cached_scenes(vq, tokenizer, range(config.images), cache)
     log = {"config": asdict(config), "encode_seconds": time.perf_counter() - started, "loss": []}
-    model = build_backbone(config, tokens, tokenizer).train()
+    model = build_backbone(config, tokens, tokenizer).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     buckets = LengthBuckets(data.captions, config.batch_size, config.seed)
     rng = np.random.default_rng(config.seed + 1)
@@ -199,7 +189,8 @@ def train_backbone(
         ids, boi = training_batch(
             data, buckets.sample(), tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, config.prompt_dropout, rng
         )
-        loss = image_loss(model, ids, boi)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = image_loss(model, ids.to(device), boi)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -213,7 +204,7 @@ def train_backbone(
     log["steps_run"] = step + 1
     log["train_seconds"] = time.perf_counter() - started
     log["parameters"] = sum(p.numel() for p in model.parameters())
-    return model.eval(), log
+    return model.cpu().eval(), log
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     config = BackboneConfig(**{f: getattr(args, f) for f in asdict(BackboneConfig())})
     tokenizer = build_caption_tokenizer()
-    vq = VQModel.from_pretrained(args.vq, use_safetensors=True).float().eval()
+    vq = VQModel.from_pretrained(args.vq, use_safetensors=True).float().to(training_device(config.device)).eval()
     model, log = train_backbone(config, vq, tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out / "backbone")

@@ -20,7 +20,8 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
 from ..reference.scenes import HELDOUT_SEED_START, SceneSpec, sample_scene
-from .backbone import EncodedScenes, encode_scenes, image_nll, load_backbone, reference_grid_tokens, training_batch
+from .backbone import image_nll, load_backbone, reference_grid_tokens, training_batch
+from .encoded_scenes import EncodedScenes, encode_scenes
 
 
 def object_cells(spec: SceneSpec, tokens: GridTokens) -> np.ndarray:
