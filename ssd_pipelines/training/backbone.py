@@ -9,6 +9,9 @@ scenes can be cached (`--scene-cache`), so that a GPU run spends its time traini
 
     python -m ssd_pipelines.training.backbone --vq hub_cards/ssd-reference/vqvae \
         --out runs/backbone --images 26000 --steps 800 --scene-cache runs/scenes_26000.safetensors
+    # a run that a later one resumes (runs/next continues from runs/backbone/state, no new warm-up):
+    python -m ssd_pipelines.training.backbone ... --schedule wsd --out runs/backbone
+    python -m ssd_pipelines.training.backbone ... --schedule wsd --resume runs/backbone/state --out runs/next
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
 from .encoded_scenes import EncodedScenes, cached_scenes
+from .training_state import load_optimizer_state, save_training_state
 
 
 @dataclass
@@ -47,7 +51,10 @@ class BackboneConfig:
     seed: int = 0
     log_every: int = 25
     max_minutes: float = 0.0  # > 0: stop at this wall-clock budget, the LR schedule shortened to match
+    schedule: str = "cosine"  # or "wsd": warm-up, constant, then a linear decay over the last decay_fraction
+    decay_fraction: float = 0.2
     init: str = ""  # a saved backbone folder to continue training from (a new warm-up and cosine cycle)
+    resume: str = ""  # an earlier "wsd" run's state/ folder: its weights and Adam moments where its decay began
     scene_cache: str = ""  # safetensors file of the encoded scenes: read when present, else written
     device: str = ""  # torch device; default: cuda when available (bf16 autocast there), else cpu
 
@@ -68,9 +75,11 @@ def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int
 
 
 def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
-    """A fresh model of the configured size, or the `config.init` checkpoint when continuing a run."""
-    if config.init:
-        return load_backbone(Path(config.init), tokens)
+    """A fresh model of the configured size, or the saved one that `config.init` or `config.resume` names."""
+    if config.init and config.resume:
+        raise ValueError("pass --init (weights, new warm-up) or --resume (a saved state), not both")
+    if config.init or config.resume:
+        return load_backbone(Path(config.init) if config.init else Path(config.resume) / "backbone", tokens)
     llama = LlamaConfig(
         vocab_size=tokens.code_offset + tokens.codebook_size,
         hidden_size=config.hidden_size,
@@ -155,20 +164,51 @@ def training_device(name: str) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
-    """Linear warmup, then cosine to a tenth, over the steps or the time budget, whichever ends first."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+def _warmup_steps(config: BackboneConfig) -> int:
+    return 0 if config.resume else config.warmup_steps  # a resumed run is already warm
+
+
+def schedule_progress(step: int, elapsed: float, config: BackboneConfig) -> float:
+    """Fraction of the run after warm-up that is done, by steps or by the time budget, whichever is further."""
+    warmup = _warmup_steps(config)
+    progress = (step - warmup) / max(1, config.steps - warmup)
     if config.max_minutes > 0:
         progress = max(progress, elapsed / (60 * config.max_minutes))
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    return min(progress, 1.0)
+
+
+def decaying(step: int, elapsed: float, config: BackboneConfig) -> bool:
+    """Whether a "wsd" run has reached its decay, where its state is saved for a later run to resume."""
+    return config.schedule == "wsd" and schedule_progress(step, elapsed, config) >= 1 - config.decay_fraction
+
+
+def learning_rate(step: int, elapsed: float, config: BackboneConfig) -> float:
+    """Linear warm-up, then down to a tenth of `lr`: a cosine ("cosine"), or constant and a linear decay ("wsd")."""
+    if step < _warmup_steps(config):
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = schedule_progress(step, elapsed, config)
+    if config.schedule == "wsd":
+        decayed = max(0.0, progress - (1 - config.decay_fraction)) / config.decay_fraction
+        return config.lr * (1 - 0.9 * decayed)
+    if config.schedule == "cosine":
+        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    raise ValueError(f"schedule must be 'cosine' or 'wsd', got {config.schedule!r}")
 
 
 def train_backbone(
-    config: BackboneConfig, vq: VQModel, tokenizer: PreTrainedTokenizerBase, data: EncodedScenes | None = None
+    config: BackboneConfig,
+    vq: VQModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: EncodedScenes | None = None,
+    state_folder: Path | None = None,
 ):
-    """Returns (model, log). `data` defaults to the first `config.images` training scenes."""
+    """Returns (model, log). `data` defaults to the first `config.images` training scenes.
+
+    A "wsd" run writes its state to `state_folder` where its decay begins; `config.resume`
+    continues such a state with its Adam moments and step count, and no new warm-up.
+    """
+    if not 0 < config.decay_fraction <= 1:
+        raise ValueError(f"decay_fraction must be in (0, 1], got {config.decay_fraction}")
     tokens = reference_grid_tokens(tokenizer, vq.config.num_vq_embeddings)
     started = time.perf_counter()
     device = training_device(config.device)
@@ -177,13 +217,19 @@ def train_backbone(
     log = {"config": asdict(config), "encode_seconds": time.perf_counter() - started, "loss": []}
     model = build_backbone(config, tokens, tokenizer).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-    buckets = LengthBuckets(data.captions, config.batch_size, config.seed)
-    rng = np.random.default_rng(config.seed + 1)
+    first = load_optimizer_state(model, optimizer, Path(config.resume)) if config.resume else 0
+    log["first_step"] = first
+    # Offset by the steps already run, so that a resumed run draws new batches.
+    buckets = LengthBuckets(data.captions, config.batch_size, config.seed + first)
+    rng = np.random.default_rng(config.seed + 1 + first)
     started, recent = time.perf_counter(), []
     for step in range(config.steps):
         elapsed = time.perf_counter() - started
         if config.max_minutes > 0 and elapsed > 60 * config.max_minutes:
             break
+        if state_folder is not None and "state_step" not in log and decaying(step, elapsed, config):
+            save_training_state(model, optimizer, first + step, state_folder)
+            log["state_step"] = first + step
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, elapsed, config)
         ids, boi = training_batch(
@@ -197,7 +243,7 @@ def train_backbone(
         optimizer.step()
         recent.append(loss.item())
         if (step + 1) % config.log_every == 0:
-            entry = {"step": step + 1, "loss": float(np.mean(recent)), "seconds": time.perf_counter() - started}
+            entry = {"step": first + step + 1, "loss": float(np.mean(recent)), "seconds": time.perf_counter() - started}
             log["loss"].append(entry)
             print(json.dumps(entry), flush=True)
             recent = []
@@ -210,7 +256,9 @@ def train_backbone(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vq", required=True, type=Path, help="the trained VQModel folder")
-    parser.add_argument("--out", required=True, type=Path, help="writes backbone/, tokenizer/ and train_log.json here")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="writes backbone/, tokenizer/, train_log.json (and state/ if wsd)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     for field, default in asdict(BackboneConfig()).items():
         parser.add_argument(f"--{field.replace('_', '-')}", type=type(default), default=default)
@@ -220,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     config = BackboneConfig(**{f: getattr(args, f) for f in asdict(BackboneConfig())})
     tokenizer = build_caption_tokenizer()
     vq = VQModel.from_pretrained(args.vq, use_safetensors=True).float().to(training_device(config.device)).eval()
-    model, log = train_backbone(config, vq, tokenizer)
+    model, log = train_backbone(config, vq, tokenizer, state_folder=args.out / "state")
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out / "backbone")
     tokenizer.save_pretrained(args.out / "tokenizer")
