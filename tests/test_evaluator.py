@@ -1,7 +1,6 @@
 """The GenEval-style scorer: passes ground-truth renders, fails renders with one claim broken."""
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -86,9 +85,3 @@ def test_swapped_position_fails(scenes):
     assert tried > 40
     # Mostly the relation check itself rejects it (not a detection failure caused by the swap).
     assert relation_caught >= 0.9 * tried
-
-
-def test_fast_enough(scenes):
-    start = time.perf_counter()
-    evaluate([s.image for s in scenes[:200]], [s.spec for s in scenes[:200]])
-    assert time.perf_counter() - start < 10.0
