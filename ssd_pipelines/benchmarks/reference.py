@@ -2,8 +2,9 @@
 
 Adherence: the held-out prompts (scene seeds from `HELDOUT_SEED_START`) are
 generated with every decoding (guidance batched, same seeds), several images per
-prompt as GenEval does, and scored by the GenEval-style evaluator. Speed: one prompt at a time, the decodings interleaved
-and repeated, the median taken; forward passes are exact, seconds are noisy.
+prompt as GenEval does, and scored by the GenEval-style evaluator. Speed: one
+prompt at a time, the decodings interleaved and repeated, the median taken;
+forward passes are exact, seconds are noisy.
 
     ssd-bench reference          # prints the table, writes docs/reference_benchmark.md
 """

@@ -118,16 +118,21 @@ def image_sequence(codes: torch.Tensor, tokens: GridTokens) -> torch.Tensor:
     return torch.cat([torch.cat([rows, eol], dim=2).flatten(1), eoi], dim=1)
 
 
+def indices_by_length(captions: list[list[int]]) -> list[np.ndarray]:
+    """The caption indices grouped by caption length: each group batches without padding."""
+    by_length: dict[int, list[int]] = {}
+    for index, caption in enumerate(captions):
+        by_length.setdefault(len(caption), []).append(index)
+    return [np.array(v) for v in by_length.values()]
+
+
 class LengthBuckets:
     """Batches of captions of equal length, drawn at random: no padding in training."""
 
     def __init__(self, captions: list[list[int]], batch_size: int, seed: int):
         self.rng = np.random.default_rng(seed)
         self.batch_size = batch_size
-        by_length: dict[int, list[int]] = {}
-        for index, caption in enumerate(captions):
-            by_length.setdefault(len(caption), []).append(index)
-        self.buckets = [np.array(v) for v in by_length.values()]
+        self.buckets = indices_by_length(captions)
         self.weights = np.array([len(b) for b in self.buckets], dtype=float) / len(captions)
 
     def sample(self) -> np.ndarray:

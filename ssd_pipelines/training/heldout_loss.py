@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
 from ..reference.scenes import HELDOUT_SEED_START, SceneSpec, sample_scene
-from .backbone import image_nll, load_backbone, reference_grid_tokens, training_batch
+from .backbone import image_nll, indices_by_length, load_backbone, reference_grid_tokens, training_batch
 from .encoded_scenes import EncodedScenes, encode_scenes
 
 
@@ -40,16 +40,11 @@ def code_losses(
 ) -> torch.Tensor:
     """Next-token loss of every image code, [N, rows, cols] (EOL and EOI left out)."""
     losses = torch.empty(len(data.captions), tokens.rows, tokens.cols)
-    by_length: dict[int, list[int]] = {}
-    for index, caption in enumerate(data.captions):
-        by_length.setdefault(len(caption), []).append(index)
     never = np.random.default_rng(0)  # dropout 0: every caption is kept
-    for index in by_length.values():
-        ids, boi = training_batch(
-            data, np.array(index), tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, 0.0, never
-        )
+    for index in indices_by_length(data.captions):
+        ids, boi = training_batch(data, index, tokens, tokenizer.bos_token_id, tokenizer.pad_token_id, 0.0, never)
         rows = image_nll(model, ids, boi)[:, :-1].view(len(index), tokens.rows, tokens.cols + 1)
-        losses[index] = rows[..., : tokens.cols]
+        losses[torch.from_numpy(index)] = rows[..., : tokens.cols]
     return losses
 
 
