@@ -2,6 +2,7 @@
 
 ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
 ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
+ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = {"exactness": "Distance to AR on an enumerable grid", "reference": "Reference model: adherence, speed"}
+BENCHMARKS = {
+    "exactness": "Distance to AR on an enumerable grid",
+    "reference": "Reference model: adherence, speed",
+    "sweep": "Reference model: AR adherence under sampling settings",
+}
 
 
 def report(lines: list[str], out: Path, title: str, command: str) -> None:

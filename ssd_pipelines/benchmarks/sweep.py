@@ -1,0 +1,93 @@
+"""AR adherence of the reference model under several sampling settings, side by side.
+
+Which guidance scale, temperature or top-k makes the model follow its prompts
+best: each setting generates the same held-out prompts with the same seeds, and
+is compared with the first setting by the paired difference `ssd-bench reference`
+uses.
+
+    ssd-bench sweep                                  # the default settings -> docs/reference_sweep.md
+    ssd-bench sweep --setting guidance=3 --setting guidance=5,top_k=50
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..cli import default_model
+from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from . import report
+from .reference import adherence, paired_difference
+
+SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
+DEFAULT_SETTINGS = [
+    "guidance=3",
+    "guidance=1.5",
+    "guidance=5",
+    "guidance=7",
+    "guidance=3,temperature=0.8",
+    "guidance=3,top_k=50",
+]
+
+
+def parse_setting(text: str) -> dict:
+    """Parse "guidance=5,top_k=50" into {"guidance": 5.0, "temperature": 1.0, "top_k": 50}; unset keys keep defaults."""
+    setting = {"guidance": 3.0, "temperature": 1.0, "top_k": 0}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() not in SETTING_TYPES or not value:
+            raise ValueError(f"bad setting {item!r} in {text!r}: write key=value with keys {', '.join(SETTING_TYPES)}")
+        setting[key.strip()] = SETTING_TYPES[key.strip()](value)
+    return setting
+
+
+def describe(setting: dict) -> str:
+    return f"{setting['guidance']:g} | {setting['temperature']:g} | {setting['top_k'] or '-'}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
+    parser.add_argument(
+        "--setting", action="append", help="key=value[,key=value] of guidance, temperature, top_k; repeatable"
+    )
+    parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per setting")
+    parser.add_argument("--images-per-prompt", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
+    parser.add_argument("--out", type=Path, default=Path("docs/reference_sweep.md"))
+    args = parser.parse_args(argv)
+    try:
+        settings = [parse_setting(text) for text in args.setting or DEFAULT_SETTINGS]
+    except ValueError as error:
+        parser.error(str(error))
+
+    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
+    scores = []
+    for setting in settings:
+        options = {"decoding": "ar", "temperature": setting["temperature"], "top_k": setting["top_k"] or None}
+        scores.append(
+            adherence(
+                pipe, describe(setting), options, scenes, args.images_per_prompt, args.batch_size, setting["guidance"]
+            )
+        )
+    lines = [
+        f"AR decoding, {args.prompts} held-out prompts x {args.images_per_prompt} images, the same seeds per setting.",
+        "",
+        "| guidance | temperature | top-k | adherence | vs first row (paired, +- s.e.) |",
+        "|---|---|---|---|---|",
+    ]
+    baseline = scores[0]["results"]
+    for score in scores:
+        diff, se = paired_difference(score["results"], baseline, args.images_per_prompt)
+        versus = "-" if score["results"] is baseline else f"{diff:+.3f} +- {se:.3f}"
+        lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} |")
+    report(lines, args.out, "Reference model: adherence under sampling settings", "ssd-bench sweep")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The sampling sweep runs end to end (on a tiny random pipeline: the numbers mean nothing here)."""
+
+import pytest
+
+from ssd_pipelines.benchmarks.sweep import main, parse_setting
+from ssd_pipelines.testing import tiny_pipeline
+
+
+def test_parse_setting_fills_the_defaults_and_converts_types():
+    assert parse_setting("guidance=5,top_k=50") == {"guidance": 5.0, "temperature": 1.0, "top_k": 50}
+    assert parse_setting("temperature=0.8") == {"guidance": 3.0, "temperature": 0.8, "top_k": 0}
+
+
+@pytest.mark.parametrize("text", ["guidence=5", "guidance", "guidance=5,top_k="])
+def test_parse_setting_names_the_keys_it_knows(text):
+    with pytest.raises(ValueError, match="write key=value with keys guidance, temperature, top_k"):
+        parse_setting(text)
+
+
+def test_sweep_prints_one_row_per_setting_against_the_first(tmp_path, capsys):
+    tiny_pipeline(rows=16, cols=16).save_pretrained(tmp_path / "model")
+    out = tmp_path / "sweep.md"
+    settings = ["guidance=3", "guidance=1", "guidance=3,temperature=0.5,top_k=4"]
+    main(
+        [
+            *("--model", str(tmp_path / "model"), "--prompts", "3", "--batch-size", "2", "--out", str(out)),
+            *(arg for setting in settings for arg in ("--setting", setting)),
+        ]
+    )
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| guidance")]
+    assert [row.split(" | ")[:3] for row in rows] == [["| 3", "1", "-"], ["| 1", "1", "-"], ["| 3", "0.5", "4"]]
+    assert rows[0].endswith("| - |") and "+-" in rows[1] and "+-" in rows[2]
+    assert out.read_text().endswith(printed)
+
+
+def test_sweep_rejects_a_bad_setting_before_loading_a_model(capsys):
+    with pytest.raises(SystemExit):
+        main(["--setting", "top-k=5", "--model", "/nonexistent"])
+    assert "bad setting 'top-k=5'" in capsys.readouterr().err
