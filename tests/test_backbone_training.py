@@ -13,6 +13,7 @@ from ssd_pipelines.training.backbone import (
     BackboneConfig,
     build_backbone,
     image_sequence,
+    learning_rate,
     reference_grid_tokens,
     train_backbone,
     training_batch,
@@ -63,6 +64,10 @@ def test_a_few_steps_lower_the_loss_and_the_model_plugs_into_the_pipeline(tmp_pa
     model, log = train_backbone(replace(TINY, scene_cache=str(tmp_path / "scenes.safetensors")), vq, tokenizer)
     losses = [entry["loss"] for entry in log["loss"]]
     assert losses[-1] < 0.8 * losses[0], losses
+    # each entry logs the lr of its last step (the schedule is by steps here: no time budget)
+    assert [e["lr"] for e in log["loss"]] == pytest.approx(
+        [learning_rate(e["step"] - 1, 0.0, TINY) for e in log["loss"]]
+    )
     assert (tmp_path / "scenes.safetensors").is_file()  # the next run reads the encoded scenes back
     pipe = SSDAutoregressivePipeline(model, tokenizer, vq)
     pipe.set_progress_bar_config(disable=True)

@@ -248,7 +248,12 @@ def train_backbone(
         optimizer.step()
         recent.append(loss.item())
         if (step + 1) % config.log_every == 0:
-            entry = {"step": first + step + 1, "loss": float(np.mean(recent)), "seconds": time.perf_counter() - started}
+            entry = {
+                "step": first + step + 1,
+                "loss": float(np.mean(recent)),
+                "lr": optimizer.param_groups[0]["lr"],
+                "seconds": time.perf_counter() - started,
+            }
             log["loss"].append(entry)
             print(json.dumps(entry), flush=True)
             recent = []
