@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     lines = [
-        f"AR decoding, {args.prompts} held-out prompts x {args.images_per_prompt} images, the same seeds per setting.",
+        f"AR decoding, {args.prompts} held-out prompts, {args.images_per_prompt} image(s) each, the same seeds per setting.",
         "",
         "| guidance | temperature | top-k | adherence | vs first row (paired, +- s.e.) |",
         "|---|---|---|---|---|",
