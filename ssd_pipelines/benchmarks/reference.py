@@ -84,6 +84,14 @@ def paired_difference(results: list[dict], baseline: list[dict], images_per_prom
     return mean, float(np.sqrt(variance))
 
 
+def versus_baseline(results: list[dict], baseline: list[dict], images_per_prompt: int) -> str:
+    """The table cell for `paired_difference`: "-" for the baseline's own row."""
+    if results is baseline:
+        return "-"
+    diff, se = paired_difference(results, baseline, images_per_prompt)
+    return f"{diff:+.3f} +- {se:.3f}"
+
+
 def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
     """Median seconds and passes for one image, every decoding run in turn on the same prompt and seed."""
     seconds: dict[str, list[float]] = {label: [] for label in DECODINGS}
@@ -141,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     baseline = quality[0]["results"]
     for q in quality:
         s = speed[q["label"]]
-        diff, se = paired_difference(q["results"], baseline, args.images_per_prompt)
-        versus = "-" if q["results"] is baseline else f"{diff:+.3f} +- {se:.3f}"
+        versus = versus_baseline(q["results"], baseline, args.images_per_prompt)
         lines.append(
             f"| {q['label']} | {q['adherence']:.3f} | {versus} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
             f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {format_rates(q['acceptance'])} |"

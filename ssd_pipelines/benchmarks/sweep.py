@@ -20,7 +20,7 @@ from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import report
-from .reference import adherence, paired_difference
+from .reference import adherence, versus_baseline
 
 SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
 DEFAULT_SETTINGS = [
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     baseline = scores[0]["results"]
     for score in scores:
-        diff, se = paired_difference(score["results"], baseline, args.images_per_prompt)
-        versus = "-" if score["results"] is baseline else f"{diff:+.3f} +- {se:.3f}"
+        versus = versus_baseline(score["results"], baseline, args.images_per_prompt)
         lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} |")
     report(lines, args.out, "Reference model: adherence under sampling settings", "ssd-bench sweep")
 
