@@ -3,7 +3,7 @@
 import pytest
 
 from ssd_pipelines.benchmarks import main as ssd_bench
-from ssd_pipelines.benchmarks.reference import DECODINGS, main, paired_difference
+from ssd_pipelines.benchmarks.reference import DECODINGS, main, paired_difference, per_task_table
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -17,8 +17,13 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
         ]
     )
     printed = capsys.readouterr().out
-    rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
-    assert [row.split(" | ")[0][2:] for row in rows] == list(DECODINGS)
+    overall, per_task = printed.split("Adherence per task")
+
+    def decodings(table):
+        rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| decoding")]
+        return [row.split(" | ")[0][2:] for row in rows]
+
+    assert decodings(overall) == decodings(per_task) == list(DECODINGS)
     assert "| ar | " in printed and "| 256 | 1.0x |" in printed  # AR: one pass per code of 16 x 16
     assert out.read_text().endswith(printed)
 
@@ -49,3 +54,16 @@ def test_paired_difference_treats_a_prompts_images_as_one_sample():
     assert diff == pytest.approx(paired_difference(ours, base)[0]) == pytest.approx(0.25)
     # colors: per-prompt differences [0.5, -0.5], sample variance 0.5 over 2 prompts; counting: one prompt
     assert se == pytest.approx((0.5 / 2) ** 0.5 / 2)
+
+
+def test_per_task_table_has_a_row_per_decoding_and_a_column_per_task():
+    quality = [
+        {"label": "ar", "per_task": {"colors": 0.5, "counting": 0.25}},
+        {"label": "ssd r=1", "per_task": {"colors": 0.75, "counting": 0.0}},
+    ]
+    assert per_task_table(quality) == [
+        "| decoding | colors | counting |",
+        "|---|---|---|",
+        "| ar | 0.500 | 0.250 |",
+        "| ssd r=1 | 0.750 | 0.000 |",
+    ]

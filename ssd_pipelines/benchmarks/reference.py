@@ -61,7 +61,13 @@ def adherence(
         for k in range(rounds)
     ]
     report = evaluate(images, [s.spec for s in scenes for _ in range(images_per_prompt)])
-    return {"label": label, "adherence": report["overall"], "results": report["results"], "acceptance": acceptance}
+    return {
+        "label": label,
+        "adherence": report["overall"],
+        "per_task": report["per_task"],
+        "results": report["results"],
+        "acceptance": acceptance,
+    }
 
 
 def paired_difference(results: list[dict], baseline: list[dict], images_per_prompt: int = 1) -> tuple[float, float]:
@@ -90,6 +96,15 @@ def versus_baseline(results: list[dict], baseline: list[dict], images_per_prompt
         return "-"
     diff, se = paired_difference(results, baseline, images_per_prompt)
     return f"{diff:+.3f} +- {se:.3f}"
+
+
+def per_task_table(quality: list[dict]) -> list[str]:
+    """One row per decoding, one column per GenEval task: where adherence is lost."""
+    tasks = list(quality[0]["per_task"])
+    lines = ["| decoding | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for q in quality:
+        lines.append(f"| {q['label']} | " + " | ".join(f"{q['per_task'][t]:.3f}" for t in tasks) + " |")
+    return lines
 
 
 def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
@@ -154,6 +169,12 @@ def main(argv: list[str] | None = None) -> None:
             f"| {q['label']} | {q['adherence']:.3f} | {versus} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
             f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {format_rates(q['acceptance'])} |"
         )
+    lines += [
+        "",
+        "Adherence per task (the overall adherence is their mean, as in GenEval):",
+        "",
+        *per_task_table(quality),
+    ]
     report(lines, args.out, "Reference model: adherence and speed", "ssd-bench reference")
 
 
