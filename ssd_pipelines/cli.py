@@ -43,7 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds", type=int, default=None, help="--decoding ssd: the most verification rounds per row (default 2)"
     )
     parser.add_argument(
-        "--vertical-rows", type=int, default=None, help="ssd, exact: rows drafted at once by the vertical heads (k_v)"
+        "--vertical-rows", type=int, default=None, help="--decoding ssd: rows drafted at once by the vertical heads"
+    )
+    parser.add_argument(
+        "--window", type=int, default=None, help="--decoding exact: positions verified per pass (default: one row)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
     parser.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 disables it)")
@@ -62,8 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
     if args.rounds is not None and args.decoding != "ssd":
         parser.error(f"--rounds applies to --decoding ssd only ({args.decoding} decides its own rounds)")
-    if args.vertical_rows is not None and args.decoding == "ar":
-        parser.error("--vertical-rows applies to --decoding ssd or exact (ar drafts nothing)")
+    for flag, value, decoding in (("--vertical-rows", args.vertical_rows, "ssd"), ("--window", args.window, "exact")):
+        if value is not None and args.decoding != decoding:
+            parser.error(f"{flag} applies to --decoding {decoding} only")
     if args.num_images < 1:
         parser.error(f"--num-images must be >= 1, got {args.num_images}")
     check_out(parser, args)
@@ -102,6 +106,7 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
         decoding=decoding,
         verify_rounds=args.rounds if decoding == args.decoding else None,  # --compare's ar takes neither
         vertical_rows=args.vertical_rows if decoding == args.decoding else None,
+        window=args.window if decoding == args.decoding else None,
     )
     paths = output_paths(args.out, len(out.images), "" if decoding == args.decoding else f"-{decoding}")
     for image, path in zip(out.images, paths):

@@ -202,6 +202,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         decoding,
         verify_rounds,
         vertical_rows,
+        window,
         output_type,
         callback_tensor_inputs,
     ) -> tuple[list[str], list[str] | None]:
@@ -230,21 +231,18 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             )
         if decoding not in STRATEGIES:
             raise ValueError(f"unknown decoding {decoding!r}: choose one of {', '.join(STRATEGIES)}.")
-        if verify_rounds is not None:
-            if decoding != "ssd":
-                raise ValueError(
-                    f"verify_rounds applies to decoding='ssd' only ({decoding!r} "
-                    + ("verifies until nothing changes" if decoding == "exact" else "does not verify")
-                    + "): drop verify_rounds, or use decoding='ssd'."
-                )
-            _check_integer("verify_rounds", verify_rounds, minimum=0, hint="(0 commits drafts unverified)")
-        if vertical_rows is not None:
-            if decoding not in NEEDS_HEADS:
-                raise ValueError(
-                    f"vertical_rows applies to the drafting decodings ({', '.join(sorted(NEEDS_HEADS))}), "
-                    f"not {decoding!r}: drop vertical_rows."
-                )
-            _check_integer("vertical_rows", vertical_rows, minimum=1)
+        for name, value, applies_to, minimum in (
+            ("verify_rounds", verify_rounds, "ssd", 0),
+            ("vertical_rows", vertical_rows, "ssd", 1),
+            ("window", window, "exact", 1),
+        ):
+            if value is not None:
+                if decoding != applies_to:
+                    raise ValueError(
+                        f"{name} applies to decoding={applies_to!r} only, not {decoding!r}: drop {name}"
+                        + (", or use decoding='ssd'." if applies_to == "ssd" else ".")
+                    )
+                _check_integer(name, value, minimum=minimum)
         if decoding in NEEDS_HEADS and self.heads is None:
             raise ValueError(
                 f"decoding={decoding!r} needs drafting heads and this pipeline has none: "
@@ -277,6 +275,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         decoding: str = "ssd",
         verify_rounds: int | None = None,
         vertical_rows: int | None = None,
+        window: int | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end=None,
@@ -295,7 +294,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline).
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
                 unverified). Rounds stop early once a round rejects nothing in every image.
-            vertical_rows: "ssd" and "exact": rows drafted at once by the vertical heads (k_v, default 1).
+            vertical_rows: "ssd" only: rows drafted at once by the vertical heads (k_v, default 1).
+            window: "exact" only: image positions each forward pass verifies per image (default one row with
+                its end-of-line token). Wider windows take fewer passes, each processing more tokens.
             output_type: "pil", "np", "pt", or "latent" for the grid of codes.
             callback_on_step_end: called as `callback(pipe, row, row, {"codes": codes})` after each committed
                 row, in the calling thread; `codes` is a copy, -1 in rows not committed yet. Setting
@@ -312,6 +313,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             decoding,
             verify_rounds,
             vertical_rows,
+            window,
             output_type,
             callback_on_step_end_tensor_inputs,
         )
@@ -319,7 +321,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         # 1. The grid, the sampling path and the strategy
         grid = backbone.grid_for_size(height, width)
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        options = {"verify_rounds": verify_rounds, "vertical_rows": vertical_rows}
+        options = {"verify_rounds": verify_rounds, "vertical_rows": vertical_rows, "window": window}
         strategy = make_strategy(decoding, self.heads, **{k: v for k, v in options.items() if v is not None})
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
         batch = backbone.encode_prompts(prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance)

@@ -1,9 +1,13 @@
 """`exact` is lossless: in greedy mode it returns the AR grid token for token."""
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig
+import ssd_pipelines.decoding.exact as exact_module
+from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
 PROMPTS = ["a red circle", "blue square"]  # different lengths: the batch is left-padded
@@ -11,14 +15,14 @@ PROMPTS = ["a red circle", "blue square"]  # different lengths: the batch is lef
 
 @pytest.mark.parametrize("eol", [True, False], ids=["eol", "no-eol"])
 @pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["no-cfg", "cfg"])
-@pytest.mark.parametrize("vertical_rows", [1, 2], ids=["kv1", "kv2"])
-def test_exact_greedy_equals_ar_greedy(eol, guidance, vertical_rows):
+@pytest.mark.parametrize("window", [1, 3, 8, 40], ids=lambda w: f"W={w}")
+def test_exact_greedy_equals_ar_greedy(eol, guidance, window):
     backbone = tiny_backbone(rows=5, cols=7, codebook_size=8, eol=eol)
     heads = tiny_heads(backbone)
     sampling = SamplingConfig(temperature=0, guidance_scale=guidance)
     prompts = backbone.encode_prompts(PROMPTS, num_images_per_prompt=2, guidance=sampling.uses_guidance)
     ar = ARDecoding().decode(backbone, prompts, sampling)
-    exact = ExactDecoding(heads, vertical_rows=vertical_rows).decode(backbone, prompts, sampling)
+    exact = ExactDecoding(heads, window=window).decode(backbone, prompts, sampling)
     assert exact.codes.shape == (4, 5, 7)
     assert torch.equal(exact.codes, ar.codes)
     assert len(set(ar.codes.flatten().tolist())) > 2  # the grid is not trivially constant
@@ -41,40 +45,33 @@ def test_exact_greedy_in_bf16_equals_ar_up_to_rounding(seed, eol):
     assert (exact.codes != ar.codes).float().mean() <= 0.1
 
 
-def test_exact_greedy_with_good_heads_needs_one_pass_per_block():
-    """Heads that draft the target's argmax are always accepted: the first round is the commit."""
-    backbone = tiny_backbone(rows=4, cols=5, codebook_size=8)
-    heads = tiny_heads(backbone)
+@pytest.mark.parametrize("vertical_rows", [1, 2])
+def test_ssd_with_no_cap_on_rounds_greedy_equals_ar_greedy(vertical_rows):
+    backbone = tiny_backbone(rows=5, cols=7, codebook_size=8)
+    sampling = SamplingConfig(temperature=0, guidance_scale=3.0)
+    prompts = backbone.encode_prompts(PROMPTS, num_images_per_prompt=2, guidance=True)
+    ar = ARDecoding().decode(backbone, prompts, sampling)
+    ssd = SSDDecoding(tiny_heads(backbone), verify_rounds=None, vertical_rows=vertical_rows)
+    assert torch.equal(ssd.decode(backbone, prompts, sampling).codes, ar.codes)
+
+
+@pytest.mark.parametrize("window", [3, 6, 12])
+def test_exact_with_perfect_drafts_commits_a_whole_window_per_pass(monkeypatch, window):
+    """Drafts that are the greedy AR codes are always accepted: each pass commits its W positions and makes
+    the one past them final, so a sequence of S positions takes ceil(S / W) passes after the prefill."""
+    backbone = tiny_backbone(rows=4, cols=5, codebook_size=8)  # 4 rows of 5 codes + end-of-line: S = 24
     sampling = SamplingConfig(temperature=0)
-    prompts = backbone.encode_prompts(["a"])
-    truth = ARDecoding().decode(backbone, prompts, sampling).codes.flatten()
-    oracle = OracleHeads(backbone, heads, truth)
-    # horizontal_cells=0: the first row goes cell by cell, each drawn from its exact distribution.
-    out = ExactDecoding(oracle, horizontal_cells=0).decode(backbone, prompts, sampling)
-    assert torch.equal(out.codes.flatten(), truth)
-    assert out.stats.forward_passes == 1 + 5 + 3  # prefill, 5 first-row cells, one pass for each later row
-    assert out.stats.acceptance_per_round == [1.0]
+    prompts = backbone.encode_prompts(["a", "blue"])
+    truth = ARDecoding().decode(backbone, prompts, sampling).codes.flatten(1)
 
+    class PerfectDrafts(exact_module.FrontierRun):
+        def _take_drafts(self, b, c, drafted):
+            super()._take_drafts(b, c, drafted)
+            self.run.codes[b, c] = truth[b, c]
+            self.q[b, c % self.ring] = F.one_hot(truth[b, c], 8).float()
 
-class OracleHeads(torch.nn.Module):
-    """Stands in for perfect heads: drafts hidden states whose argmax code is the AR greedy code."""
-
-    def __init__(self, backbone, heads, truth):
-        super().__init__()
-        self.inner, self.backbone, self.truth = heads, backbone, truth
-        self.row = 0
-
-    max_horizontal = property(lambda self: self.inner.max_horizontal)
-    max_vertical = property(lambda self: self.inner.max_vertical)
-
-    def check_compatible(self, backbone):
-        self.inner.check_compatible(backbone)
-
-    def draft_below(self, hidden, embeds, rows):
-        cols = self.backbone.grid.cols
-        self.row += 1
-        codes = self.truth[self.row * cols : (self.row + rows) * cols].view(rows, cols)
-        # A hidden state whose final-norm + head argmax is the wanted code: that code's output-head row.
-        start = self.backbone.tokens.code_offset
-        rows_of_head = self.backbone.model.lm_head.weight[start + codes]  # [rows, C, d]
-        return rows_of_head.expand(hidden.shape[0], -1, -1, -1) * 50
+    monkeypatch.setattr(exact_module, "FrontierRun", PerfectDrafts)
+    out = ExactDecoding(tiny_heads(backbone), window=window).decode(backbone, prompts, sampling)
+    assert torch.equal(out.codes.flatten(1), truth)
+    assert out.stats.forward_passes == 1 + math.ceil(24 / window)
+    assert all(rate == 1.0 for rate in out.stats.acceptance_per_round)

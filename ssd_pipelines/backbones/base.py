@@ -132,6 +132,12 @@ class ImageBackbone(ABC):
     def extend(self, state: KVState, embeds: torch.Tensor) -> torch.Tensor:
         """Append input embeddings [B', n, d_e] to the cache; return their pre-norm hidden states [B', n, d_h]."""
 
+    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Run input embeddings [B', n, d_e] at image positions starts[b] ... starts[b] + n - 1 of each row, each
+        row attending to its own committed positions before starts[b]; return their pre-norm hidden states
+        [B', n, d_h]. Rows advance at their own pace: what a row wrote beyond its next start is never seen."""
+        raise NotImplementedError(f"{type(self).__name__} cannot advance the rows of a batch separately.")
+
     @abstractmethod
     def rewind(self, state: KVState, length: int) -> None:
         """Drop everything the cache holds beyond `length` tokens."""

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .base import ImageBackbone, KVState, PromptBatch
-from .kv_cache import preallocated_cache
+from .kv_cache import preallocated_cache, write_rows_at
 
 # The pre-norm hidden states of the pass running in this thread (or asyncio task), if one asked for them.
 # A module hook is shared by every caller of the model; a context variable is not, so concurrent calls
@@ -104,6 +104,26 @@ class CausalLMBackbone(ImageBackbone):
             ones = state.prompt_mask.new_ones(embeds.shape[0], generated + n)
             attention_mask = torch.cat([state.prompt_mask, ones], dim=1)
         return self._run(embeds, state, position_ids, attention_mask)
+
+    @torch.no_grad()
+    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        n = embeds.shape[1]
+        offsets = torch.arange(n, device=embeds.device)
+        position_ids = state.prompt_lengths + starts[:, None] + offsets  # [B', n]
+        query_slots = state.prompt_width + starts[:, None] + offsets  # [B', n]
+        length = state.prompt_width + int(starts.max()) + n  # slots the pass attends over
+        slots = torch.arange(length, device=embeds.device)
+        visible = slots <= query_slots[..., None]  # [B', n, T]: causal, and blind to uncommitted slots beyond
+        if state.prompt_mask is not None:
+            real = torch.ones(embeds.shape[0], length, dtype=torch.bool, device=embeds.device)
+            real[:, : state.prompt_width] = state.prompt_mask.bool()
+            visible &= real[:, None, :]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=embeds.device)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        write_rows_at(state.cache, state.prompt_width + starts, length)
+        hidden = self._run(embeds, state, position_ids, mask[:, None])
+        state.length = length
+        return hidden
 
     def rewind(self, state: KVState, length: int) -> None:
         if length < state.prompt_width or length > state.length:

@@ -6,6 +6,11 @@ memory from the OS. With guidance doubling a batch of dozens of images, that
 copying, not the model, dominated batched generation. This layer keeps the same
 interface (`crop` just shortens a view) but appends in place, growing by doubling
 only if a hint of the final length was too small.
+
+Strategies whose images advance at different speeds write each batch row at its
+own slots instead (`write_rows_at`): a row's token at image position s always
+lives in slot prompt + s, so what a row has not committed is simply masked, and
+nothing is ever copied or cropped.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ class PreallocatedLayer(DynamicLayer):
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = max(1, capacity)
+        self.row_starts: torch.Tensor | None = None  # [B]: the next update writes row b from this slot on
+        self.row_length = 0  # slots the next ragged update returns
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -30,8 +37,10 @@ class PreallocatedLayer(DynamicLayer):
 
     @staticmethod
     def _allocate(like: torch.Tensor, length: int) -> torch.Tensor:
+        """Zeros, not uninitialised memory: a masked slot still enters attention as weight 0 x value, and
+        0 x NaN garbage would be NaN (rows written at their own slots leave slots unwritten)."""
         batch, heads, _, dim = like.shape
-        return like.new_empty(batch, heads, length, dim)
+        return like.new_zeros(batch, heads, length, dim)
 
     def _grow(self, needed: int) -> None:
         self.capacity = max(needed, 2 * self.capacity)
@@ -44,6 +53,8 @@ class PreallocatedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.row_starts is not None:
+            return self._update_rows(key_states, value_states)
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
         if end > self.capacity:
@@ -52,6 +63,27 @@ class PreallocatedLayer(DynamicLayer):
         self._value_buffer[..., start:end, :] = value_states
         self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
         return self.keys, self.values
+
+    def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Write row b's n new entries at slots row_starts[b] ... + n - 1; return the first `row_length` slots."""
+        if self.row_length > self.capacity:
+            self._grow(self.row_length)
+        batch, heads, n, dim = key_states.shape
+        slots = self.row_starts[:, None] + torch.arange(n, device=self.row_starts.device)  # [B, n]
+        index = slots[:, None, :, None].expand(batch, heads, n, dim)
+        self._key_buffer.scatter_(2, index, key_states)
+        self._value_buffer.scatter_(2, index, value_states)
+        self.keys, self.values = (
+            self._key_buffer[..., : self.row_length, :],
+            self._value_buffer[..., : self.row_length, :],
+        )
+        return self.keys, self.values
+
+
+def write_rows_at(cache: Cache, row_starts: torch.Tensor, length: int) -> None:
+    """The next forward pass writes each batch row from its own slot, and attends over `length` slots."""
+    for layer in cache.layers:
+        layer.row_starts, layer.row_length = row_starts, length
 
 
 def preallocated_cache(capacity: int) -> Cache:

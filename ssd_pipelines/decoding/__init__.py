@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..heads import DraftHeads
 from .ar import ARDecoding
 from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
-from .ssd import ExactDecoding, SSDDecoding
+from .exact import ExactDecoding
+from .ssd import SSDDecoding
 
 STRATEGIES: dict[str, type[DecodingStrategy]] = {
     "ar": ARDecoding,

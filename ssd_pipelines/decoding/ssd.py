@@ -18,7 +18,8 @@ An image whose round rejected nothing has converged: any later round would
 accept all its cells with probability 1, so it is frozen, and once every image
 of the batch has converged the rounds stop and that round's pass, which saw the
 final codes, is the commit. At most r rounds is the paper's decoding (lossy for
-small r); `exact` has no cap on rounds and returns exactly the AR distribution.
+small r); with no cap (verify_rounds=None) it returns exactly the AR
+distribution, but `exact` (exact.py) gets there in far fewer passes.
 """
 
 from __future__ import annotations
@@ -148,16 +149,3 @@ class SSDDecoding(DecodingStrategy):
             return codes, final_round, None  # the last block: nothing reads its cache or hidden states
         hidden = run.forward(state, block, codes)
         return codes, final_round, (hidden, block.predicting_hidden(h_before, hidden))
-
-
-class ExactDecoding(SSDDecoding):
-    """SSD with no cap on rounds: lossless, returns exactly the AR distribution (docs/decoding.md).
-
-    Better heads and lower sampling entropy need fewer rounds; greedy decoding with
-    perfect heads needs one pass per block.
-    """
-
-    name = "exact"
-
-    def __init__(self, heads: DraftHeads, vertical_rows: int = 1, horizontal_cells: int | None = None):
-        super().__init__(heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells)

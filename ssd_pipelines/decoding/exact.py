@@ -1,0 +1,235 @@
+"""Lossless SSD with a sliding window: each image keeps its own frontier of final cells (docs/decoding.md).
+
+The frontier rule: in a pass, a cell whose left context was already final is
+accepted or resampled against its true conditional, so it becomes final too.
+Hence after every pass the prefix up to and including the first cell that
+changed is final and never changes again. Nothing forces rows to move in
+lockstep, so here every image of a batch has a frontier `done` (positions of the
+image sequence committed to its KV cache; the token at `done` is final too), and
+each pass runs the W positions from `done` on:
+
+1. Verify. The pass gives the target p of every position after `done` up to
+   and including the one just past the window. A drafted cell is accepted with
+   probability min(1, p/q), else resampled from norm(max(0, p - q)); its q becomes
+   p (the Jacobi rule: its code is now a sample of p). The first cell with no
+   code yet is sampled from its p.
+2. Advance. Positions before the first cell whose code changed hold final codes
+   whose cache entries were computed from a final context: they are committed,
+   and the changed cell (resampled against its true conditional) is final. With
+   no change, the whole window is committed and the cell past it is final.
+3. Draft. Cells entering the window are drafted by the vertical heads from the
+   cell above (its code, and the latest pass's hidden state there, final or
+   not), in the first row by the horizontal heads from the rightmost cell that
+   has been through a pass. A code's q is always the distribution it was drawn
+   from, so every verification is a valid speculative step.
+
+End-of-line tokens are forced, never drafted or verified. A cell verified before
+the frontier reaches it arrives nearly converged, because its q is its last p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..heads import DraftHeads
+from ..sampling import verify_round
+from .base import UNDECODED, DecodeRun, DecodingStrategy, RoundCounter, both_branches
+
+
+def committed_positions(changed: torch.Tensor) -> torch.Tensor:
+    """Which cells of each window [B, W + 1] a pass changed -> how many of its W positions it commits [B]:
+    those before the first change, all W when nothing changed (the position past the window is then final)."""
+    last = changed.shape[1] - 1
+    return torch.where(changed, torch.arange(last + 1, device=changed.device), last).amin(dim=1)
+
+
+class ExactDecoding(DecodingStrategy):
+    """Lossless: returns exactly the AR distribution, at most one pass per cell and usually far fewer."""
+
+    name = "exact"
+
+    def __init__(self, heads: DraftHeads, window: int | None = None):
+        """window: positions each pass runs per image (one row, end-of-line included, when None)."""
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive number of positions, got {window!r}.")
+        self.heads = heads
+        self.window = window
+
+    def _decode(self, run: DecodeRun) -> None:
+        self.heads.check_compatible(run.backbone)
+        FrontierRun(run, self.heads, self.window or run.grid.row_length).decode()
+
+
+class FrontierRun:
+    """The state of one `exact` call: per image a frontier, codes with their q, and the latest hidden states."""
+
+    def __init__(self, run: DecodeRun, heads: DraftHeads, window: int):
+        self.run, self.heads, self.grid = run, heads, run.grid
+        grid, device = run.grid, run.codes.device
+        self.window = min(window, grid.sequence_length)  # W
+        positions = torch.arange(grid.sequence_length, device=device)
+        column = positions % grid.row_length
+        # cell of each image position, UNDECODED at an end-of-line; one slot past the end for the bonus position
+        self.cell_at = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
+        self.cell_at = torch.cat([self.cell_at, self.cell_at.new_tensor([UNDECODED])])
+        self.cell_position = positions[column < grid.cols]  # [N]
+        batch = run.prompts.batch_size
+        self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed positions
+        self.ring = self.window + 1  # q of cell c lives in slot c % ring: only cells past the frontier need one
+        self.q: torch.Tensor | None = None  # [B, ring, K]
+        self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
+        self.passed = torch.zeros(batch, grid.num_cells, dtype=torch.bool, device=device)  # hidden from a pass
+        self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
+        self.rounds = RoundCounter()
+
+    def decode(self) -> None:
+        run, grid = self.run, self.grid
+        self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
+        p_first = run.probs(h_first)  # [B, K]
+        self.q = p_first.new_zeros(run.prompts.batch_size, self.ring, p_first.shape[-1])
+        self.hidden = h_first.new_zeros(h_first.shape[0], grid.num_cells, run.backbone.hidden_size)
+        run.codes[:, 0] = run.sample(p_first)
+        run.final_round[:, 0] = 0
+        self.hidden[:, 0] = h_first
+        self.passed[:, 0] = True
+        self._draft()
+        while not run.stopped and bool((self.done < grid.sequence_length).any()):
+            self._pass()
+            self._report_rows()
+        self.rounds.write_to(run.stats)
+
+    def _pass(self) -> None:
+        """One forward pass over each image's window: verify, advance the frontier, draft what enters."""
+        run, grid, W = self.run, self.grid, self.window
+        batch = torch.arange(self.done.shape[0], device=self.done.device)[:, None]
+        starts = self.done.clamp_max(grid.sequence_length - W)  # [B]: finished rows idle at the end
+        positions = starts[:, None] + torch.arange(W + 1, device=starts.device)  # [B, W + 1], the last one is past
+        cells = self.cell_at[positions.clamp_max(grid.sequence_length)]  # [B, W + 1]
+        codes = torch.where(cells >= 0, run.codes[batch, cells.clamp_min(0)], UNDECODED)
+        has_token = (positions < grid.sequence_length) & ((cells < 0) | (codes >= 0))
+        runs_in = has_token[:, :W].long().cumprod(dim=1).bool()  # [B, W]: the contiguous inputs
+        ready = torch.cat([torch.ones_like(runs_in[:, :1]), runs_in], dim=1)  # [B, W + 1]: its p is valid
+        # 1. Verify every cell past the frontier whose p is valid; sample the first cell without a code.
+        embeds = self._embed(codes[:, :W], cells[:, :W])
+        out = run.backbone.extend_rows(self.state, embeds, both_branches(starts, run.prompts.guidance))
+        run.stats.forward_passes += 1
+        predicting = torch.cat([out[:, :1], out], dim=1)  # position i is predicted by output i - 1 (i >= 1)
+        p = run.probs(predicting)  # [B, W + 1, K]; position 0 is final or committed, its p unused
+        todo = ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]
+        fresh = todo & (codes < 0)
+        checked = todo & ~fresh
+        q = self.q[batch, cells.clamp_min(0) % self.ring]
+        verified, next_q, accepted = verify_round(codes.clamp_min(0), q, p, run.generator)
+        new_codes = torch.where(fresh, run.sample(p), verified)
+        next_q = torch.where(fresh[..., None], p, next_q)  # a fresh code was drawn from p
+        self._count(cells, checked, accepted)
+        changed = fresh | (checked & ~accepted)
+        # 2. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
+        new_done = (starts + committed_positions(changed)).clamp_max(grid.sequence_length)
+        exact = changed & (positions == new_done[:, None])  # drawn from its true conditional
+        self._store(cells, todo, checked, changed, exact, new_codes, next_q, predicting)
+        self.done = torch.maximum(self.done, new_done)
+        self._draft()
+
+    def _embed(self, codes: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of window positions [B, W]: codes, end-of-line tokens, and anything for the rest."""
+        backbone = self.run.backbone
+        embeds = self.run.embed_codes(codes.clamp_min(0))  # [B', W, d_e]
+        if self.grid.has_eol:
+            eol = self._both(cells < 0)[..., None]
+            embeds = torch.where(eol, backbone.embed_token(self.grid.eol_token_id).to(embeds.dtype), embeds)
+        return embeds
+
+    def _count(self, cells: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Round k of the statistics is every cell's k-th verification."""
+        batch = torch.arange(cells.shape[0], device=cells.device)[:, None]
+        index = self.verifications[batch, cells.clamp_min(0)]  # [B, W + 1]: verifications before this one
+        for k in range(int(index[checked].max()) + 1 if bool(checked.any()) else 0):
+            at_k = checked & (index == k)
+            self.rounds.add(k, at_k.sum(), (at_k & accepted).sum())
+
+    def _store(self, cells, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
+        """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds."""
+        run = self.run
+        b, i = todo.nonzero(as_tuple=True)  # touched (image, window index)
+        c = cells[b, i]
+        run.codes[b, c] = new_codes[b, i]
+        self.q[b, c % self.ring] = next_q[b, i]
+        self.hidden[self._branch_rows(b), self._both(c)] = predicting[self._branch_rows(b), self._both(i)]
+        self.passed[b, c] = True
+        # final_round: a new code drawn exactly is 0, a cell's first code 1, a code changed in check k shows k + 1
+        k = self.verifications[b, c] + checked[b, i].long()
+        self.verifications[b, c] = k
+        first = torch.where(exact[b, i], 0, 1)
+        since = torch.where(checked[b, i], k + 1, first)
+        run.final_round[b, c] = torch.where(changed[b, i], since, run.final_round[b, c])
+
+    def _draft(self) -> None:
+        """Give a code and q to every cell of each window that has none and can be drafted."""
+        run, grid, W = self.run, self.grid, self.window
+        batch = torch.arange(self.done.shape[0], device=self.done.device)[:, None]
+        positions = self.done[:, None] + torch.arange(1, W + 1, device=self.done.device)
+        cells = self.cell_at[positions.clamp_max(grid.sequence_length)]
+        while True:  # a band of rows at a time: a cell needs a code in the cell it is drafted from
+            missing = (cells >= 0) & (run.codes[batch, cells.clamp_min(0)] < 0)
+            drafted = self._draft_below(batch, cells, missing & (cells >= grid.cols))
+            drafted |= self._draft_right(batch, cells, missing & (cells < grid.cols))
+            if not drafted:
+                return
+
+    def _draft_below(self, batch, cells, missing) -> bool:
+        """Vertical heads: each missing cell from the cell above it, if that one has a code. Drafted any?"""
+        run = self.run
+        above = (cells - self.grid.cols).clamp_min(0)
+        can = missing & (run.codes[batch, above] >= 0)
+        if not bool(can.any()):
+            return False
+        b, c, a = batch.expand_as(cells)[can], cells[can], above[can]
+        h = self.hidden[self._branch_rows(b), self._both(a)]  # [B' / B * n, d]
+        e = run.embed_codes(run.codes[b, a])
+        drafted = self.heads.draft_below(h[:, None], e[:, None], 1)[:, 0, 0]  # [B' / B * n, d]
+        self._take_drafts(b, c, drafted)
+        return True
+
+    def _draft_right(self, batch, cells, missing) -> bool:
+        """First row: horizontal heads from the rightmost cell that has been through a pass. Drafted any?"""
+        run, cols = self.run, self.grid.cols
+        passed_cols = torch.where(self.passed[:, :cols], torch.arange(cols, device=cells.device), -1)
+        base = passed_cols.amax(dim=1, keepdim=True).expand_as(cells)  # [B, W]
+        offset = cells - base
+        can = missing & (offset >= 1) & (offset <= self.heads.max_horizontal)
+        if not bool(can.any()):
+            return False
+        b, c, src = batch.expand_as(cells)[can], cells[can], base[can]
+        h = self.hidden[self._branch_rows(b), self._both(src)]
+        e = run.embed_codes(run.codes[b, src])
+        every = self.heads.draft_right(h, e, self.heads.max_horizontal)  # [B' / B * n, k_h, d]
+        drafted = every[torch.arange(every.shape[0], device=every.device), self._both(offset[can]) - 1]
+        self._take_drafts(b, c, drafted)
+        return True
+
+    def _both(self, x: torch.Tensor) -> torch.Tensor:
+        return both_branches(x, self.run.prompts.guidance)
+
+    def _branch_rows(self, images: torch.Tensor) -> torch.Tensor:
+        """Images [n] -> their rows in every guidance branch [B' / B * n] (conditional rows, then unconditional)."""
+        return torch.cat([images, images + self.run.prompts.batch_size]) if self.run.prompts.guidance else images
+
+    def _take_drafts(self, b: torch.Tensor, c: torch.Tensor, drafted: torch.Tensor) -> None:
+        """Drafted hidden states [B' / B * n, d] of cells (b, c): sample codes; keep q, and the draft as hidden."""
+        run = self.run
+        q = run.probs(drafted)  # [n, K]
+        run.codes[b, c] = run.sample(q)
+        self.q[b, c % self.ring] = q
+        self.hidden[self._branch_rows(b), self._both(c)] = drafted.to(self.hidden.dtype)
+        run.final_round[b, c] = 1
+
+    def _report_rows(self) -> None:
+        """Rows whose every cell is final in every image go to the callback."""
+        grid = self.grid
+        last_final = self.done.clamp_max(grid.sequence_length - 1)
+        rows = ((last_final - grid.cols + 1).div(grid.row_length, rounding_mode="floor") + 1).clamp(0, grid.rows)
+        rows = torch.where(self.done >= grid.sequence_length, grid.rows, rows)
+        completed = int(rows.min())
+        if completed > 0:
+            self.run.rows_committed(completed - 1)
