@@ -38,7 +38,6 @@ class DemoEvents:
         top_k: int = 0,
         decoding: str = "ssd",
         verify_rounds: int = 2,
-        adaptive: bool = False,
         vertical_rows: int = 1,
         compare: bool = False,
         request: gr.Request | None = None,
@@ -58,7 +57,6 @@ class DemoEvents:
             top_k=int(top_k),
             decoding=decoding,
             verify_rounds=int(verify_rounds),
-            adaptive=bool(adaptive),
             vertical_rows=int(vertical_rows),
         )
         yield dict.fromkeys(OUTPUTS) | {
@@ -70,7 +68,7 @@ class DemoEvents:
         }
         with self.stops.track(request.session_hash if request else "") as stop:
             output = yield from self._run(settings, decoding, stop)
-            last_round = settings.verify_rounds if decoding == "ssd" and not settings.adaptive else None
+            last_round = settings.verify_rounds if decoding == "ssd" else None  # exact: rounds until no change
             # Every output in the last update: an API client gets only that one.
             result = {
                 "seed": settings.seed,

@@ -34,8 +34,8 @@ TINT = 0.5  # weight of the category colour over the image in an acceptance map
 
 def category_index(final_round: torch.Tensor | np.ndarray, last_round: int | None) -> np.ndarray:
     """Per-cell index into CATEGORIES from the pipeline's `final_round` (-1, 0, 1, or k >= 2: resampled in round
-    k - 1). `last_round` is the fixed number of verification rounds, None when rounds adapt (then a round that
-    rejects nothing ends the block, so no resample goes unverified)."""
+    k - 1). `last_round` is the cap on rounds (`ssd`'s verify_rounds): a cell resampled in it was never checked
+    again. None without a cap (`exact`): rounds go on until one rejects nothing, so every resample was checked."""
     rounds = np.asarray(final_round)
     index = np.full(rounds.shape, CATEGORIES.index(LATER_ROUND), dtype=np.int64)
     index[rounds == -1] = CATEGORIES.index(NOT_DECODED)

@@ -31,7 +31,6 @@ class Settings:
     top_k: int = 0  # 0: no top-k filter
     decoding: str = "ssd"
     verify_rounds: int = 2
-    adaptive: bool = False
     vertical_rows: int = 1
 
     def pipeline_kwargs(self, decoding: str | None = None) -> dict:
@@ -51,8 +50,6 @@ class Settings:
         }
         if decoding == "ssd":
             kwargs.update(verify_rounds=self.verify_rounds)
-            if self.adaptive:
-                kwargs.update(adaptive=True)
         if decoding != "ar":
             kwargs.update(vertical_rows=self.vertical_rows)
         return kwargs

@@ -54,7 +54,6 @@ def _decoding_changed(decoding: str):
     """Grey out the options a decoding does not take (the pipeline rejects them)."""
     return (
         gr.update(interactive=decoding == "ssd"),
-        gr.update(interactive=decoding == "ssd"),
         gr.update(interactive=decoding != "ar"),
         gr.update(interactive=True) if decoding != "ar" else gr.update(interactive=False, value=False),
     )
@@ -106,7 +105,7 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
             value=2,
             step=1,
             label="Rounds (ssd)",
-            info="Verification rounds per row; 0 keeps drafts unchecked.",
+            info="At most this many verification rounds per row; 0 keeps drafts unchecked.",
             elem_id="rounds",
         )
         c["vertical_rows"] = gr.Slider(
@@ -118,13 +117,9 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
             info="ssd, exact: more rows, fewer passes, fewer drafts kept.",
             elem_id="vertical-rows",
         )
-    with gr.Row():
-        c["adaptive"] = gr.Checkbox(
-            label="Adaptive (ssd)", info="End a row's rounds once a round rejects nothing.", elem_id="adaptive"
-        )
-        c["compare"] = gr.Checkbox(
-            label="Compare with AR", info="Also decode with ar, same prompt and seed.", elem_id="compare"
-        )
+    c["compare"] = gr.Checkbox(
+        label="Compare with AR", info="Also decode with ar, same prompt and seed; show the speedup.", elem_id="compare"
+    )
     with gr.Accordion("Sampling", open=False):
         c["num_images"] = gr.Slider(
             1, 8, value=1, step=1, label="Images", info="Images for the prompt, one batch.", elem_id="num-images"
@@ -247,7 +242,7 @@ def build_demo(pipe, model_name: str) -> gr.Blocks:
         controls["decoding"].change(
             _decoding_changed,
             controls["decoding"],
-            [controls[name] for name in ("verify_rounds", "adaptive", "vertical_rows", "compare")],
+            [controls[name] for name in ("verify_rounds", "vertical_rows", "compare")],
             queue=False,
             api_visibility="private",
         )

@@ -37,7 +37,6 @@ CONTROLS = [
     "decoding",
     "rounds",
     "vertical-rows",
-    "adaptive",
     "compare",
     "num-images",
     "guidance",

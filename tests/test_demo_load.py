@@ -8,7 +8,7 @@ from demo_server import free_port, named, start_demo
 from gradio_client import Client
 from gradio_client.utils import QueueError
 
-REQUEST = {"prompt": "four blue squares", "num_images": 2, "api_name": "/generate"}
+REQUEST = {"prompt": "four blue squares", "api_name": "/generate"}
 BURST = 8
 
 

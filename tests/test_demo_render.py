@@ -12,8 +12,8 @@ def test_each_cell_gets_the_category_of_the_round_it_became_final_in():
     rounds = torch.tensor([[-1, 0, 1, 2, 3]])
     with_last = [CATEGORIES[i] for i in render.category_index(rounds, last_round=2)[0]]
     assert with_last == [NOT_DECODED, EXACT, FIRST_ROUND, LATER_ROUND, LAST_ROUND]
-    adaptive = [CATEGORIES[i] for i in render.category_index(rounds, last_round=None)[0]]
-    assert adaptive == [NOT_DECODED, EXACT, FIRST_ROUND, LATER_ROUND, LATER_ROUND]
+    uncapped = [CATEGORIES[i] for i in render.category_index(rounds, last_round=None)[0]]  # exact
+    assert uncapped == [NOT_DECODED, EXACT, FIRST_ROUND, LATER_ROUND, LATER_ROUND]
     unverified = [CATEGORIES[i] for i in render.category_index(rounds[:, :3], last_round=0)[0]]
     assert unverified == [NOT_DECODED, EXACT, FIRST_ROUND]
 
