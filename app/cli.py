@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # the library's message says what to pass instead
         print(f"ssd-demo: {error}", file=sys.stderr)
         return 2
-    demo = build_demo(pipe, args.model or "the reference model")
+    demo = build_demo(pipe, args.model or "ssd-reference, the reference model")
     demo.queue(default_concurrency_limit=args.concurrency, max_size=args.max_queue)
     demo.launch(
         server_name=args.server_name,  # None: Gradio reads GRADIO_SERVER_NAME

@@ -11,6 +11,8 @@ from collections.abc import Generator, Iterator
 
 import gradio as gr
 
+from ssd_pipelines import SSDPipelineOutput
+
 from . import render
 from .runner import Finished, Settings, StopFlags, stream
 
@@ -50,7 +52,7 @@ class DemoEvents:
         settings = Settings(
             prompt=prompt,
             negative_prompt=negative_prompt,
-            seed=int(seed),
+            seed=int(seed or 0),  # an emptied Seed box
             num_images=int(num_images),
             guidance_scale=float(guidance_scale),
             temperature=float(temperature),
@@ -100,7 +102,7 @@ class DemoEvents:
         """Ask this session's running generation to stop after its current row."""
         self.stops.stop(request.session_hash)
 
-    def _run(self, settings: Settings, decoding: str, stop) -> Generator[dict, None, object]:
+    def _run(self, settings: Settings, decoding: str, stop) -> Generator[dict, None, SSDPipelineOutput]:
         """One pipeline call; yields preview updates, returns the pipeline's output."""
         try:
             for event in stream(self.pipe, settings.pipeline_kwargs(decoding), stop):
@@ -114,7 +116,7 @@ class DemoEvents:
             yield {"status": f"Not generated: {error}"}  # stays on the page after the toast
             raise gr.Error(str(error)) from error
 
-    def _summary(self, output) -> str:
+    def _summary(self, output: SSDPipelineOutput) -> str:
         stats = output.stats
         if output.interrupted:
             return f"{stats['strategy']}: stopped after {output.rows_completed} of {self.rows} rows"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ssd_pipelines import SSDPipelineOutput
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -65,7 +67,7 @@ class RowsCommitted:
 
 @dataclass(frozen=True)
 class Finished:
-    output: object  # the pipeline's output: images, codes, final_round, stats, interrupted
+    output: SSDPipelineOutput
 
 
 def stream(pipe, kwargs: dict, stop: threading.Event) -> Iterator[RowsCommitted | Finished]:

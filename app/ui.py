@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable, Iterator
 
 import gradio as gr
@@ -27,11 +28,12 @@ BUTTON_TOOLTIPS = {
     "generate": "Decode the prompt; the preview fills in as rows are committed",
     "stop": "Stop this generation after the row being decoded (partial images are kept)",
 }
-JS = (
-    "() => { for (const [id, text] of Object.entries("
-    + str(BUTTON_TOOLTIPS).replace("'", '"')
-    + ")) { const el = document.getElementById(id); if (el) el.title = text; } }"
-)
+JS = f"""() => {{
+  for (const [id, text] of Object.entries({json.dumps(BUTTON_TOOLTIPS)})) {{
+    const button = document.getElementById(id);
+    if (button) button.title = text;
+  }}
+}}"""
 
 
 def example_prompts(count: int = 8) -> list[str]:

@@ -129,6 +129,8 @@ def test_compare_shows_both_images_and_the_speedup(page, tmp_path):
 def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
     page.locator("#prompt textarea").fill(PROMPT)
     page.get_by_role("radio", name="ar").check()
+    expect(page.locator("#compare input")).to_be_disabled()  # ar beside ar: nothing to compare
+    expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # rounds are ssd's
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text(re.compile(r"ar: \d+ of 16 rows decoded"), timeout=WAIT_MS)
     page.locator("#stop").click()
