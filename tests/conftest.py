@@ -3,7 +3,7 @@ import torch
 
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
-pytest_plugins = ["hub_server"]  # the `hub` fixture: a loopback Hugging Face Hub
+pytest_plugins = ["hub_server", "demo_server"]  # `hub`: a loopback Hugging Face Hub; `demo_server`: the demo served
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,160 @@
+"""The demo in a real browser (Playwright driving Debian's Chromium): type, Generate, watch, compare, stop, errors.
+
+Set SSD_DEMO_SCREENSHOT=docs/demo.png to write the README's screenshot from the comparison test.
+"""
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import PIL.Image
+import pytest
+import torch
+from playwright.sync_api import expect, sync_playwright
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.cli import BUNDLED_MODEL
+
+CHROMIUM = "/usr/bin/chromium"
+# Headless as root, and quiet: nothing but the page may go on the (closed) network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PROMPT = "a red circle left of a blue square"
+WAIT_MS = 120_000  # a generation on a busy two-core machine, with a browser beside it
+CONTROLS = [
+    "prompt",
+    "negative-prompt",
+    "seed",
+    "random-seed",
+    "decoding",
+    "rounds",
+    "vertical-rows",
+    "compare",
+    "num-images",
+    "guidance",
+    "temperature",
+    "top-k",
+]
+# Marks in the page's own clock: the click on Generate, each status text, previews and gallery images loaded.
+RECORDER = """() => {
+  window.marks = [];
+  const mark = (what) => window.marks.push([performance.now(), what]);
+  document.querySelector('#generate').addEventListener('click', () => mark('click'), {capture: true});
+  const status = document.querySelector('#status');
+  new MutationObserver(() => mark('status ' + status.innerText.trim()))
+    .observe(status, {subtree: true, childList: true, characterData: true});
+  for (const id of ['preview', 'images']) {
+    document.querySelector('#' + id).addEventListener('load', () => mark(id), {capture: true});
+  }
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not shutil.which(CHROMIUM):
+        message = f"no {CHROMIUM}: install Debian's chromium (apt-get install chromium), as .ci/run does"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, demo_server):
+    """A fresh page (its own Gradio session); `page.requests` lists every URL it asked for."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.requests = []
+    page.on("request", lambda request: page.requests.append(request.url))
+    page.goto(demo_server.url)
+    page.locator("#generate").wait_for()
+    yield page
+    context.close()
+
+
+def pipeline_message(**kwargs) -> str:
+    """The ValueError the pipeline itself raises for these arguments."""
+    pipe = SSDAutoregressivePipeline.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
+    with pytest.raises(ValueError) as error:
+        pipe(**kwargs)
+    return str(error.value)
+
+
+def test_generate_streams_rows_into_the_preview_then_shows_images_map_and_statistics(page):
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.evaluate(RECORDER)
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
+    expect(page.locator("#images img")).to_have_count(1)
+    expect(page.locator("#stats")).to_contain_text("forward passes")
+    expect(page.locator("#plot")).to_be_visible()
+
+    marks = page.evaluate("window.marks")
+    times = {what: t for t, what in reversed(marks)}  # the first time of each mark
+    partial = [t for t, what in marks if re.fullmatch(r"status ssd: ([1-9]|1[0-5]) of 16 rows decoded", what)]
+    assert partial and min(partial) < times["images"], marks
+    assert times["preview"] < times["images"], "a preview was drawn before the final image"
+    print(f"\nGenerate to the first preview row: {(times['preview'] - times['click']) / 1000:.2f} s")
+    for selector in ("#images img", "#maps img", "#preview img"):
+        assert page.locator(selector).evaluate("img => img.complete && img.naturalWidth > 0"), selector
+
+
+def test_compare_shows_both_images_and_the_speedup(page, tmp_path):
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#compare input").check()
+    page.locator("#generate").click()
+    expect(page.locator("#comparison")).to_contain_text(
+        re.compile(r"Speedup of ssd over ar in this run: [\d.]+x fewer forward passes, [\d.]+x less time"),
+        timeout=WAIT_MS,
+    )
+    for gallery in ("#images", "#ar-images"):
+        expect(page.locator(f"{gallery} img")).to_have_count(1)
+        assert page.locator(f"{gallery} img").evaluate("img => img.complete && img.naturalWidth == 64")
+    expect(page.locator("#stats th")).to_have_text(["", "ssd", "ar"])
+    shot = Path(os.environ.get("SSD_DEMO_SCREENSHOT") or tmp_path / "demo.png")
+    page.screenshot(path=shot, full_page=True)
+    PIL.Image.open(shot).convert("RGB").quantize(colors=128).save(shot, optimize=True)  # small, for the repo
+    assert shot.stat().st_size < 400_000
+
+
+def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.get_by_role("radio", name="ar").check()
+    expect(page.locator("#compare input")).to_be_disabled()  # ar beside ar: nothing to compare
+    expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # rounds are ssd's
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text(re.compile(r"ar: \d+ of 16 rows decoded"), timeout=WAIT_MS)
+    page.locator("#stop").click()
+    expect(page.locator("#status")).to_contain_text(re.compile(r"ar: stopped after \d+ of 16 rows"), timeout=WAIT_MS)
+    rows = int(re.search(r"after (\d+) of", page.locator("#status").inner_text()).group(1))
+    assert rows < 16
+    expect(page.locator("#images img")).to_have_count(1)
+
+
+def test_an_empty_prompt_shows_the_pipelines_message(page):
+    message = pipeline_message(prompt="")
+    page.locator("#generate").click()
+    expect(page.get_by_test_id("toast-text")).to_have_text(message, timeout=WAIT_MS)
+    expect(page.locator("#status")).to_contain_text(f"Not generated: {message}".replace("`", ""))
+    assert "Traceback" not in page.content()
+
+
+def test_every_control_explains_itself_and_the_page_stays_offline(page, demo_server):
+    page.get_by_text("Sampling").click()  # open the accordion
+    for control in CONTROLS:
+        info = page.locator(f"#{control} .info-text")
+        expect(info).to_be_visible()
+        assert len(info.inner_text()) > 10, control
+    for button in ("#generate", "#stop"):
+        assert len(page.locator(button).get_attribute("title") or "") > 10, button
+    page.wait_for_load_state("networkidle")
+    assert page.requests and all(url.startswith(demo_server.url) for url in page.requests), page.requests

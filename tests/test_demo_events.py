@@ -1,0 +1,134 @@
+"""The demo's handlers on the reference model, without a server: streaming rows, Stop, errors, seeds."""
+
+import re
+import threading
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+
+from app.events import OUTPUTS, DemoEvents
+from app.runner import Settings, StopFlags
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.cli import BUNDLED_MODEL
+
+PROMPT = "a red circle left of a blue square"
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = SSDAutoregressivePipeline.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture
+def events(pipe):
+    return DemoEvents(pipe)
+
+
+def session(name: str = "test-session"):
+    return SimpleNamespace(session_hash=name)  # what the handlers read of a gr.Request
+
+
+def rows_decoded(status: str) -> int | None:
+    match = re.search(r"(\d+) of 16 rows decoded", status)
+    return int(match.group(1)) if match else None
+
+
+def test_options_a_decoding_does_not_take_are_left_out():
+    settings = Settings(prompt=PROMPT, verify_rounds=3, vertical_rows=2, top_k=0, negative_prompt="")
+    ssd, exact, ar = (settings.pipeline_kwargs(d) for d in ("ssd", "exact", "ar"))
+    assert (ssd["verify_rounds"], ssd["vertical_rows"]) == (3, 2)
+    assert "verify_rounds" not in exact and exact["vertical_rows"] == 2
+    assert not {"verify_rounds", "vertical_rows"} & set(ar)
+    assert ssd["top_k"] is None and ssd["negative_prompt"] is None  # the controls' "off" values
+
+
+def test_rows_stream_into_the_preview_before_the_final_images(events):
+    updates = list(events.generate(PROMPT, seed=1))
+    assert set(updates[0]) == set(OUTPUTS) and updates[0]["images"] is None  # the last run's results are cleared
+    partial = [u for u in updates if rows_decoded(u.get("status", "")) not in (None, 16)]
+    assert partial, [u.get("status") for u in updates]
+    first = partial[0]
+    pixels = np.asarray(first["preview"])  # 4x enlarged: a code row is 16 px
+    assert pixels[: 16 * rows_decoded(first["status"])].any()
+    assert not pixels[-16:].any(), "rows not decoded yet are black"
+    final = updates[-1]
+    assert set(final) == set(OUTPUTS)  # an API client sees only the last update
+    (image, caption), *_ = final["images"]
+    assert image.size == (64, 64) and caption == "ssd 1"
+    assert final["maps"].size == (256, 256)
+    assert final["status"].startswith("ssd: done, 16 rows in") and "forward passes" in final["stats"]
+    assert updates.index(first) < len(updates) - 1
+
+
+def test_stop_ends_the_run_between_rows_and_keeps_the_partial_images(events):
+    run = events.generate(PROMPT, decoding="ar", compare=False, request=session())
+    for update in run:
+        if rows_decoded(update.get("status", "")):
+            assert events.stops.stop("another-session") == 0  # Stop of another page stops nothing here
+            assert events.stops.stop("test-session") == 1
+            break
+    final = list(run)[-1]
+    stopped = re.fullmatch(r"ar: stopped after (\d+) of 16 rows", final["status"])
+    assert stopped and int(stopped.group(1)) < 16
+    image = np.asarray(final["images"][0][0])
+    assert image[:4].any() and not image[-4:].any()
+
+
+def test_stop_during_a_comparison_skips_the_ar_run(events):
+    run = events.generate(PROMPT, compare=True, request=session())
+    for update in run:
+        if rows_decoded(update.get("status", "")):
+            events.stops.stop("test-session")
+            break
+    updates = list(run)
+    assert "stopped after" in updates[-1]["status"] and updates[-1]["ar_images"] is None
+    assert not any(u.get("status", "").startswith("ar:") for u in updates)
+
+
+def test_closing_the_stream_stops_the_call_and_its_thread(events):
+    run = events.generate(PROMPT, decoding="ar")
+    next(u for u in run if rows_decoded(u.get("status", "")))
+    run.close()  # what Gradio does when the page goes away
+    assert not [t for t in threading.enumerate() if t.name == "ssd-demo-call"]
+
+
+@pytest.mark.parametrize(
+    "controls",
+    [{"prompt": ""}, {"prompt": PROMPT, "vertical_rows": 99}, {"prompt": PROMPT, "verify_rounds": -1}],
+    ids=["empty prompt", "k_v beyond the heads", "negative rounds"],
+)
+def test_bad_input_shows_the_pipelines_own_message(events, pipe, controls):
+    with pytest.raises(ValueError) as expected:
+        pipe(**Settings(**controls).pipeline_kwargs())
+    run = events.generate(**controls)
+    updates = []
+    with pytest.raises(gr.Error) as shown:
+        updates.extend(run)
+    assert shown.value.message == str(expected.value)
+    assert updates[-1]["status"] == f"Not generated: {expected.value}"
+
+
+def test_comparing_ar_with_itself_is_refused(events):
+    with pytest.raises(gr.Error, match="choose decoding ssd or exact"):
+        next(events.generate(PROMPT, decoding="ar", compare=True))
+
+
+def test_a_random_seed_is_shown_and_redraws_the_same_images(events):
+    drawn = list(events.generate(PROMPT, seed=0, random_seed=True))
+    seed = drawn[0]["seed"]
+    assert drawn[-1]["seed"] == seed
+    again = list(events.generate(PROMPT, seed=seed))
+    assert np.array_equal(np.asarray(again[-1]["images"][0][0]), np.asarray(drawn[-1]["images"][0][0]))
+
+
+def test_stop_flags_belong_to_their_session_and_go_with_the_run():
+    flags = StopFlags()
+    with flags.track("a") as a, flags.track("a") as a2, flags.track("b") as b:
+        assert flags.stop("a") == 2
+        assert a.is_set() and a2.is_set() and not b.is_set()
+    assert flags.stop("a") == 0 and flags.stop("b") == 0
