@@ -3,7 +3,10 @@ import torch
 
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
-pytest_plugins = ["hub_server"]  # the `hub` fixture: a loopback Hugging Face Hub
+pytest_plugins = [
+    "hub_server",  # the `hub` fixture: a loopback Hugging Face Hub
+    "comfy_stubs.fixtures",  # the ComfyUI node pack loaded over stand-ins of ComfyUI's modules
+]
 
 
 @pytest.fixture(autouse=True)
