@@ -3,6 +3,8 @@
 ssd-generate "a red circle left of a blue square" --out out.png
 ssd-generate "two green squares" --out out.png --decoding exact --json
 ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside it, speedup printed
+
+Existing files are never overwritten unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+import PIL.Image
 import torch
 
 from .decoding import STRATEGIES
@@ -35,9 +38,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--decoding", default="ssd", choices=list(STRATEGIES), help="ssd: the paper's; exact: lossless; ar: baseline"
     )
-    parser.add_argument("--rounds", type=int, default=2, help="verification rounds per row for --decoding ssd")
-    parser.add_argument("--adaptive", action="store_true", help="ssd: end a row's rounds once a round rejects nothing")
-    parser.add_argument("--vertical-rows", type=int, default=1, help="rows drafted at once by the vertical heads (k_v)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="--decoding ssd: the most verification rounds per row (default 2)"
+    )
+    parser.add_argument(
+        "--vertical-rows", type=int, default=None, help="ssd, exact: rows drafted at once by the vertical heads (k_v)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
     parser.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 disables it)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
@@ -49,10 +55,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compare", action="store_true", help="also decode with ar (same prompt and seed), print the speedup"
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace image files that already exist")
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
+    if args.num_images < 1:
+        parser.error(f"--num-images must be >= 1, got {args.num_images}")
+    check_out(parser, args)
     return args
+
+
+def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Before any work: the file type must be one PIL writes, and no file may be overwritten unasked."""
+    PIL.Image.init()
+    suffix = args.out.suffix.lower()
+    writable = sorted(e for e, f in PIL.Image.registered_extensions().items() if f in PIL.Image.SAVE)
+    if suffix not in writable:
+        parser.error(f"--out {args.out}: cannot write {suffix or 'files without an extension'}; use .png, .jpg, .webp")
+    tags = [""] + (["-ar"] if args.compare else [])
+    taken = [str(p) for tag in tags for p in output_paths(args.out, args.num_images, tag) if p.exists()]
+    if taken and not args.overwrite:
+        parser.error(f"{', '.join(taken)} already exist: pass --overwrite to replace them, or choose another --out")
 
 
 def output_paths(out: Path, count: int, tag: str = "") -> list[Path]:
@@ -70,11 +93,10 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        generator=torch.Generator(args.device).manual_seed(args.seed),
+        generator=torch.Generator().manual_seed(args.seed),  # on the CPU: the same seed gives the same codes anywhere
         decoding=decoding,
-        verify_rounds=args.rounds,
-        adaptive=args.adaptive,
-        vertical_rows=args.vertical_rows,
+        verify_rounds=args.rounds if decoding == "ssd" else None,
+        vertical_rows=args.vertical_rows if decoding != "ar" else None,
     )
     paths = output_paths(args.out, len(out.images), "" if decoding == args.decoding else f"-{decoding}")
     for image, path in zip(out.images, paths):
@@ -83,7 +105,7 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
 
 
 def describe(stats: dict, files: list[str]) -> str:
-    acceptance = ", ".join(f"{a:.2f}" for a in stats["acceptance_per_round"]) or "-"
+    acceptance = ", ".join("-" if a is None else f"{a:.2f}" for a in stats["acceptance_per_round"]) or "-"
     return (
         f"{stats['strategy']}: {stats['forward_passes']} forward passes, {stats['seconds']:.2f} s, "
         f"acceptance per round {acceptance} -> {', '.join(files)}"
@@ -97,9 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # Weights ship in fp16; CPUs compute fp32 far faster.
     dtype = torch.float32 if args.device == "cpu" else torch.float16
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=dtype).to(args.device)
-    pipe.set_progress_bar_config(disable=args.json)
-    stats, files = generate(pipe, args, args.decoding)
+    try:
+        pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=dtype).to(args.device)
+        pipe.set_progress_bar_config(disable=args.json)
+        stats, files = generate(pipe, args, args.decoding)
+    except ValueError as error:  # bad input: the message says what to change
+        print(f"ssd-generate: error: {error}", file=sys.stderr)
+        return 2
     report = {"prompt": args.prompt, "decoding": stats, "files": files}
     lines = [describe(stats, files)]
     if args.compare:

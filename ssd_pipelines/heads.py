@@ -1,6 +1,6 @@
 """Drafting heads: predict a backbone's hidden state at a nearby cell of the grid.
 
-One small network per spatial offset (DESIGN.md §1):
+One small network per spatial offset (docs/decoding.md, "Drafting heads"):
 
     z = concat(h(y, x), e(y, x))
     f(z) = W0 z + SwiGLU(RMSNorm(W0 z))        # W0: (d_h + d_e) -> d_h
@@ -85,14 +85,20 @@ class DraftHeads(ModelMixin, ConfigMixin):
 
     def draft_right(self, hidden: torch.Tensor, embeds: torch.Tensor, count: int) -> torch.Tensor:
         """Hidden states of the `count` cells right of one cell. [B, d_h], [B, d_e] -> [B, count, d_h]."""
-        return torch.stack([head(hidden, embeds) for head in self.horizontal[:count]], dim=1)
+        return self._run(self.horizontal[:count], hidden, embeds)
 
     def draft_below(self, hidden: torch.Tensor, embeds: torch.Tensor, rows: int) -> torch.Tensor:
         """Hidden states of the `rows` rows below a committed row. [B, C, d_h], [B, C, d_e] -> [B, rows, C, d_h]."""
-        return torch.stack([head(hidden, embeds) for head in self.vertical[:rows]], dim=1)
+        return self._run(self.vertical[:rows], hidden, embeds)
+
+    def _run(self, heads: nn.ModuleList, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """Heads in their own dtype, drafts in the backbone's: heads kept in fp32 beside a bf16 backbone work."""
+        dtype = self.dtype
+        drafts = torch.stack([head(hidden.to(dtype), embeds.to(dtype)) for head in heads], dim=1)
+        return drafts.to(hidden.dtype)
 
     def check_compatible(self, backbone) -> None:
-        """Raise, naming both shapes, if these heads cannot read this backbone's states."""
+        """Raise, naming both shapes (or devices), if these heads cannot read this backbone's states."""
         ours = (self.config.hidden_size, self.config.embed_size, self.config.codebook_size)
         theirs = (backbone.hidden_size, backbone.embed_size, backbone.grid.codebook_size)
         if ours != theirs:
@@ -100,4 +106,9 @@ class DraftHeads(ModelMixin, ConfigMixin):
                 "These drafting heads do not fit this backbone: heads expect (hidden size, embedding size, "
                 f"codebook size) = {ours}, the backbone has {theirs}. Load the heads trained for this backbone"
                 + (f" (these were trained for {self.config.base_model!r})." if self.config.base_model else ".")
+            )
+        if self.device != backbone.device:
+            raise ValueError(
+                f"the drafting heads are on {self.device} and the backbone on {backbone.device}: move both, "
+                "e.g. pipe.to(device)."
             )

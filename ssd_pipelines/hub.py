@@ -1,58 +1,138 @@
 """Finding what a name points at: a local folder or a Hub repository, a pipeline or drafting heads.
 
-Only the two small config files are fetched to tell the kinds apart; diffusers
-then downloads just the files a pipeline's components need. Hub failures are
-turned into errors that say what to do.
+Only the two small config files are fetched to tell the kinds apart; then just
+the folders of the components that `model_index.json` names are downloaded,
+never pickled weights. Before anything is loaded, every component must have its
+config and weights: transformers would otherwise build a default (7B) config for
+a model whose config.json is missing. Hub failures are turned into errors that
+say what to do.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
+    HFValidationError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 
 from .heads import DraftHeads
 
 HEADS_CLASS = DraftHeads.__name__
 WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, json.JSONDecodeError)
+PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
 
 
 @dataclass(frozen=True)
 class Source:
     kind: str  # "pipeline" or "heads"
-    location: str  # a local folder, or a Hub repository id diffusers downloads from
+    location: str  # a local folder holding the files
 
 
 def resolve_source(name_or_path: str, **hub_options) -> Source:
-    """Tell a pipeline from heads, fetching at most `model_index.json` and `config.json` from the Hub."""
-    folder = Path(name_or_path)
+    """Tell a pipeline from heads, fetching at most `model_index.json` and `config.json` from the Hub to do so,
+    then the files the pipeline's components or the heads need."""
+    folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         return Source(_kind_of(folder, name_or_path), str(folder))
+    _check_hub_name(name_or_path, folder)
     probed = Path(_download(name_or_path, ["model_index.json", "config.json"], **hub_options))
     kind = _kind_of(probed, name_or_path)
     if kind == "heads":
         return Source(kind, _download(name_or_path, ["config.json", "*.safetensors"], **hub_options))
-    return Source(kind, name_or_path)
+    components = [f"{name}/*" for name in pipeline_components(probed)]
+    return Source(kind, _download(name_or_path, ["model_index.json", *components], **hub_options))
+
+
+def pipeline_components(folder: Path) -> dict[str, tuple[str, str]]:
+    """The components `model_index.json` names: {name: (library, class name)}, optional ones left out."""
+    index = json.loads((folder / "model_index.json").read_text())
+    return {
+        name: tuple(value)
+        for name, value in index.items()
+        if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and None not in value
+    }
+
+
+def check_components(folder: Path, name: str) -> None:
+    """Raise, naming the missing file, unless every component has its config and (models) safetensors weights."""
+    for component, (library, class_name) in pipeline_components(folder).items():
+        where = folder / component
+        cls = getattr(importlib.import_module(library), class_name, None)
+        if cls is None:
+            raise ValueError(
+                f"could not load the pipeline {name}: model_index.json names {library}.{class_name} for "
+                f"'{component}', which this version of {library} does not have: upgrade {library}."
+            )
+        is_model = issubclass(cls, torch.nn.Module)
+        configs = ["config.json"] if is_model else ["tokenizer_config.json", "tokenizer.json", "config.json"]
+        if not any((where / config).is_file() for config in configs):
+            raise ValueError(
+                f"could not load the pipeline {name}: {where / configs[0]} is missing ('{component}' needs it). "
+                "Re-download the pipeline, or re-save it with save_pretrained."
+            )
+        if is_model and not any(where.glob("*.safetensors")):
+            pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in where.glob(pattern))
+            raise ValueError(
+                f"could not load the pipeline {name}: '{component}' has no safetensors weights in {where}"
+                + (f" (only {', '.join(pickled)}: pickled checkpoints are never loaded)" if pickled else "")
+                + ". Re-download the pipeline, or load the component and re-save it with save_pretrained."
+            )
 
 
 def load_heads(folder: str | Path) -> DraftHeads:
-    """Drafting heads from a folder, from safetensors only; a damaged file says so."""
+    """Drafting heads from a folder, from safetensors only; damaged or incomplete weights say so."""
     try:
-        return DraftHeads.from_pretrained(folder, use_safetensors=True)
+        heads, info = DraftHeads.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except WEIGHTS_FAULTS as error:
         raise ValueError(
-            f"could not load drafting heads from {folder}: {error}. The heads need config.json and "
-            "diffusion_pytorch_model.safetensors; re-download them (force_download=True) or re-save them."
+            f"could not load drafting heads from {folder}: {_first_line(error)}. The heads need config.json and "
+            "diffusion_pytorch_model.safetensors that match it; re-download them (force_download=True) or re-save them."
         ) from error
+    check_heads_complete(heads, folder, missing=info["missing_keys"])
+    return heads
+
+
+def check_heads_complete(heads: DraftHeads, folder, missing: list[str] = ()) -> None:
+    """Heads whose config promises more offsets than the weights hold are left half on `meta`: refuse them."""
+    missing = sorted(set(missing) | {n for n, p in heads.named_parameters() if p.is_meta})
+    if missing:
+        raise ValueError(
+            f"the drafting heads in {folder} are incomplete: their config.json describes weights the "
+            f"safetensors file does not hold ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). "
+            "Re-download the heads, or re-save them with save_pretrained so config and weights agree."
+        )
+
+
+def _first_line(error: Exception) -> str:
+    """diffusers' size-mismatch error goes on to advise `ignore_mismatched_sizes`, which would give random heads."""
+    return str(error).split("\n")[0].split(" You may consider")[0].rstrip(". ")
+
+
+def _check_hub_name(name: str, folder: Path) -> None:
+    """A name that cannot be a Hub repository, or names a file, is a local path that is not a folder."""
+    if folder.is_file():
+        raise ValueError(
+            f"{name} is a file: pass the folder that holds model_index.json (a pipeline) or config.json (heads)."
+        )
+    looks_local = name.startswith((".", "/", "~")) or "\\" in name
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        looks_local = True
+    if looks_local or name.count("/") > 1:
+        raise ValueError(f"no such folder: {name}. Pass an existing pipeline or heads folder, or a Hub id 'org/name'.")
 
 
 def _kind_of(folder: Path, name: str) -> str:
@@ -81,7 +161,7 @@ def _download(repo_id: str, patterns: list[str], **hub_options) -> str:
         ) from error
     except (LocalEntryNotFoundError, EntryNotFoundError) as error:
         raise ValueError(
-            f"{repo_id!r} is not in the local Hugging Face cache and the Hub cannot be reached (offline, "
+            f"{repo_id!r} is no local folder, is not in the local Hugging Face cache, and the Hub cannot be reached (offline, "
             "HF_HUB_OFFLINE=1 or local_files_only=True): download it once while online "
             f"(`hf download {repo_id}`), or pass a local folder."
         ) from error

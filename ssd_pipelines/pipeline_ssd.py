@@ -4,10 +4,16 @@ The pipeline only registers components and calls the library: the backbone
 adapter (`backbones/`) tokenizes and runs the model, a decoding strategy
 (`decoding/`) writes the grid of codes, the VQ decoder turns it into pixels.
 No decoding logic lives here.
+
+A pipeline is served from worker threads (Gradio, ComfyUI): one call's state
+lives in that call, and `_interrupt` is per thread, so concurrent calls on one
+pipeline neither corrupt nor stop each other.
 """
 
 from __future__ import annotations
 
+import numbers
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -15,15 +21,16 @@ from typing import ClassVar
 import numpy as np
 import PIL.Image
 import torch
+import torch.nn.functional as F
 from diffusers import DiffusionPipeline, VQModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backbones import ImageBackbone, adapter_for
-from .decoding import STRATEGIES, make_strategy
+from .decoding import NEEDS_HEADS, STRATEGIES, UNDECODED, make_strategy
 from .heads import DraftHeads
-from .hub import WEIGHTS_FAULTS, load_heads, resolve_source
+from .hub import WEIGHTS_FAULTS, check_components, check_heads_complete, load_heads, resolve_source
 from .sampling import SamplingConfig
 
 EXAMPLE_DOC_STRING = """
@@ -39,6 +46,8 @@ EXAMPLE_DOC_STRING = """
         >>> out.stats["forward_passes"], out.stats["acceptance_per_round"]
         ```
 """
+
+HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token")
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
@@ -62,11 +71,18 @@ _register_with_diffusers()
 @dataclass
 class SSDPipelineOutput(BaseOutput):
     """images: PIL images, an array [B, H, W, 3], a tensor [B, 3, H, W], or the codes for "latent".
-    codes: the grid of image codes [B, R, C]. stats: the decoding statistics (`DecodeStats.to_dict()`)."""
+    codes: the grid of image codes [B, R, C]. stats: the decoding statistics (`DecodeStats.to_dict()`).
+    final_round: [B, R, C], the verification round from which each cell's code stayed (0: drawn from the
+    exact distribution; 1: the head's draft kept; k >= 2: resampled in round k - 1; docs/decoding.md).
+    interrupted / rows_completed: a stopped call decoded only its first `rows_completed` rows; the others
+    are -1 in `codes` and `final_round`, and black in the images."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
     codes: torch.Tensor
     stats: dict
+    final_round: torch.Tensor
+    interrupted: bool
+    rows_completed: int
 
 
 class SSDAutoregressivePipeline(DiffusionPipeline):
@@ -93,18 +109,33 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(backbone=backbone, tokenizer=tokenizer, vqvae=vqvae, heads=heads)
         self.image_processor = VaeImageProcessor(do_normalize=False)
-        self._interrupt = False
+        self._call_state = threading.local()  # what one call may change: its interrupt flag
+
+    @property
+    def _interrupt(self) -> bool:
+        """Set to True from `callback_on_step_end` to stop the call running in this thread (diffusers' idiom)."""
+        return getattr(self._call_state, "interrupt", False)
+
+    @_interrupt.setter
+    def _interrupt(self, value: bool) -> None:
+        self._call_state.interrupt = bool(value)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, heads=None, **kwargs):
         """Load a pipeline folder or repository, or a heads repository whose config names its base model.
 
         heads: a `DraftHeads`, a folder or a repository id; replaces the pipeline's own heads.
-        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) and `dtype` pass through.
-        Weights load from safetensors only; pickled checkpoints are refused.
+        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) pass through. `dtype` applies to
+        every component; without it all load in float32 (weights may be stored in half precision), so that
+        backbone, heads and VQ decoder always agree. Weights load from safetensors only.
         """
-        hub_options = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
-        source = resolve_source(str(pretrained_model_name_or_path), **hub_options)
+        if kwargs.pop("use_safetensors", True) is not True:
+            raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
+        if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
+            kwargs["dtype"] = torch.float32
+        hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
+        name = str(pretrained_model_name_or_path)
+        source = resolve_source(name, **hub_options)
         if source.kind == "heads":
             if heads is not None:
                 raise ValueError(
@@ -115,15 +146,19 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 raise ValueError(
                     f"the heads in {pretrained_model_name_or_path} do not name their base model: pass it, with heads=."
                 )
-            kwargs = {k: v for k, v in kwargs.items() if k != "revision"}  # the revision was the heads'
-            return cls.from_pretrained(heads.config.base_model, heads=heads, **kwargs)
+            hub_options.pop("revision", None)  # the revision was the heads'
+            return cls.from_pretrained(heads.config.base_model, heads=heads, **hub_options, **kwargs)
+        check_components(Path(source.location), name)
         try:
             pipe = super().from_pretrained(source.location, use_safetensors=True, **kwargs)
         except WEIGHTS_FAULTS as error:
             raise ValueError(
-                f"could not load the pipeline {pretrained_model_name_or_path}: {error}. Its weights must be readable "
+                f"could not load the pipeline {name}: {error}. Its weights must be readable "
                 "safetensors files: re-download them (force_download=True) or re-save the pipeline."
             ) from error
+        pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
+        if pipe.heads is not None:
+            check_heads_complete(pipe.heads, Path(source.location) / "heads")
         if heads is not None:
             pipe.load_heads(heads, **hub_options)
         return pipe
@@ -144,7 +179,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             raise ValueError(
                 f"these heads were trained for {base!r}, not for {ours!r}: load the heads trained for {ours!r}."
             )
-        self.register_modules(heads=heads.to(device=self.device, dtype=self.backbone.dtype))
+        self.register_modules(heads=heads.to(device=self.backbone.device, dtype=self.backbone.dtype))
 
     @property
     def image_backbone(self) -> ImageBackbone:
@@ -156,24 +191,60 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         return self._interrupt
 
     def check_inputs(
-        self, prompt, negative_prompt, num_images_per_prompt, decoding, output_type, callback_tensor_inputs
-    ):
-        prompts = [prompt] if isinstance(prompt, str) else prompt
+        self,
+        prompt,
+        negative_prompt,
+        num_images_per_prompt,
+        height,
+        width,
+        generator,
+        decoding,
+        verify_rounds,
+        vertical_rows,
+        output_type,
+        callback_tensor_inputs,
+    ) -> tuple[list[str], list[str] | None]:
+        """Raise a `ValueError` that says what to pass instead; return the prompts and negatives as lists."""
+        prompts = _as_prompt_list(prompt)
         if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
             raise ValueError(
                 f"`prompt` must be a non-empty string or a list of them, got {prompt!r}: describe the image."
             )
-        if negative_prompt is not None:
-            negatives = [negative_prompt] if isinstance(negative_prompt, str) else negative_prompt
+        negatives = None if negative_prompt is None else _as_prompt_list(negative_prompt)
+        if negatives is not None:
+            if not all(isinstance(n, str) for n in negatives):
+                raise ValueError(f"`negative_prompt` must be a string or a list of strings, got {negative_prompt!r}.")
             if len(negatives) != len(prompts):
                 raise ValueError(
                     f"got {len(negatives)} negative prompts for {len(prompts)} prompts: pass one per prompt."
                 )
-        if num_images_per_prompt < 1:
-            raise ValueError(f"`num_images_per_prompt` must be >= 1, got {num_images_per_prompt}.")
+        _check_integer("num_images_per_prompt", num_images_per_prompt, minimum=1)
+        for name, value in (("height", height), ("width", width)):
+            if value is not None:
+                _check_integer(name, value, minimum=1, hint="or None for the model's own size")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(
+                f"`generator` must be one torch.Generator (the whole batch draws from it in order), got "
+                f"{type(generator).__name__}: pass torch.Generator(device).manual_seed(seed)."
+            )
         if decoding not in STRATEGIES:
             raise ValueError(f"unknown decoding {decoding!r}: choose one of {', '.join(STRATEGIES)}.")
-        if decoding != "ar" and self.heads is None:
+        if verify_rounds is not None:
+            if decoding != "ssd":
+                raise ValueError(
+                    f"verify_rounds applies to decoding='ssd' only ({decoding!r} "
+                    + ("verifies until nothing changes" if decoding == "exact" else "does not verify")
+                    + "): drop verify_rounds, or use decoding='ssd'."
+                )
+            _check_integer("verify_rounds", verify_rounds, minimum=0, hint="(0 commits drafts unverified)")
+        if vertical_rows is not None:
+            if decoding not in NEEDS_HEADS:
+                raise ValueError(
+                    f"vertical_rows applies to the drafting decodings ({', '.join(sorted(NEEDS_HEADS))}), "
+                    f"not {decoding!r}: drop vertical_rows."
+                )
+            _check_integer("vertical_rows", vertical_rows, minimum=1)
+        if decoding in NEEDS_HEADS and self.heads is None:
             raise ValueError(
                 f"decoding={decoding!r} needs drafting heads and this pipeline has none: "
                 "load them with `pipe.load_heads(...)` or `from_pretrained(..., heads=...)`, or use decoding='ar'."
@@ -187,7 +258,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             raise ValueError(
                 f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not available: use {self._callback_tensor_inputs}."
             )
-        return prompts, (None if negative_prompt is None else negatives)
+        return prompts, negatives
 
     @torch.no_grad()
     def __call__(
@@ -203,9 +274,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         decoding: str = "ssd",
-        verify_rounds: int = 2,
-        adaptive: bool = False,
-        vertical_rows: int = 1,
+        verify_rounds: int | None = None,
+        vertical_rows: int | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end=None,
@@ -220,27 +290,36 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             height, width: must be what the backbone makes (its native grid); None takes them.
             guidance_scale: classifier-free guidance; 1 disables it (no unconditional branch).
             temperature, top_k, top_p: sampling; temperature 0 is greedy.
-            generator: the only source of randomness.
-            decoding: "ssd" (the paper's, `verify_rounds` rounds), "exact" (lossless) or "ar" (the baseline).
-            verify_rounds: rounds of verification per row for "ssd" (0 commits drafts unverified).
-            adaptive: for "ssd", stop a row's rounds once a round rejects nothing.
-            vertical_rows: rows drafted at once by the vertical heads (k_v).
+            generator: the only source of randomness (one `torch.Generator`, on any device).
+            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline).
+            verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
+                unverified). Rounds stop early once a round rejects nothing in every image.
+            vertical_rows: "ssd" and "exact": rows drafted at once by the vertical heads (k_v, default 1).
             output_type: "pil", "np", "pt", or "latent" for the grid of codes.
             callback_on_step_end: called as `callback(pipe, row, row, {"codes": codes})` after each committed
-                row; may return a dict (ignored) and may set `pipe._interrupt = True` to stop early.
+                row, in the calling thread; `codes` is a copy, -1 in rows not committed yet. Setting
+                `pipe._interrupt = True` there stops this call (no other), and raising stops it too.
         Examples:
         """
         prompts, negatives = self.check_inputs(
-            prompt, negative_prompt, num_images_per_prompt, decoding, output_type, callback_on_step_end_tensor_inputs
+            prompt,
+            negative_prompt,
+            num_images_per_prompt,
+            height,
+            width,
+            generator,
+            decoding,
+            verify_rounds,
+            vertical_rows,
+            output_type,
+            callback_on_step_end_tensor_inputs,
         )
         backbone = self.image_backbone
         # 1. The grid, the sampling path and the strategy
         grid = backbone.grid_for_size(height, width)
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        options = {} if decoding == "ar" else {"vertical_rows": vertical_rows}
-        if decoding == "ssd":
-            options.update(verify_rounds=verify_rounds, adaptive=adaptive)
-        strategy = make_strategy(decoding, self.heads, **options)
+        options = {"verify_rounds": verify_rounds, "vertical_rows": vertical_rows}
+        strategy = make_strategy(decoding, self.heads, **{k: v for k, v in options.items() if v is not None})
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
         batch = backbone.encode_prompts(prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance)
         # 3. Decode, row by row
@@ -255,15 +334,43 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
 
             decoded = strategy.decode(backbone, batch, sampling, generator=generator, callback=on_row, grid=grid)
         # 4. Codes -> pixels
-        if output_type == "latent":
-            images = decoded.codes
-        else:
-            images = self.image_processor.postprocess(backbone.decode_codes(decoded.codes), output_type=output_type)
+        images = decoded.codes if output_type == "latent" else self.decode_codes(decoded.codes, output_type)
         self.maybe_free_model_hooks()
-        stats = decoded.stats.to_dict()
-        if not return_dict:
-            return images, decoded.codes, stats
-        return SSDPipelineOutput(images=images, codes=decoded.codes, stats=stats)
+        output = SSDPipelineOutput(
+            images=images,
+            codes=decoded.codes,
+            stats=decoded.stats.to_dict(),
+            final_round=decoded.final_round,
+            interrupted=decoded.stats.interrupted,
+            rows_completed=decoded.stats.rows_completed,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @torch.no_grad()
+    def decode_codes(self, codes: torch.Tensor, output_type: str = "pil"):
+        """A grid of codes [B, R, C] -> images ("pil", "np" or "pt"); cells that are -1 (not decoded) are black.
+
+        For row previews from `callback_on_step_end` and for codes kept from `output_type="latent"`.
+        """
+        if output_type not in OUTPUT_TYPES[:-1]:
+            raise ValueError(f"unknown output_type {output_type!r}: choose one of {', '.join(OUTPUT_TYPES[:-1])}.")
+        if self.vqvae is None:
+            raise ValueError("this pipeline has no VQ decoder (vqvae): it cannot turn codes into pixels.")
+        backbone = self.image_backbone
+        codes = codes.to(backbone.device)
+        pixels = backbone.decode_codes(codes.clamp_min(0))  # [B, 3, H, W] in [0, 1]
+        decoded = (codes != UNDECODED)[:, None].to(pixels.dtype)  # [B, 1, R, C]
+        pixels = pixels * F.interpolate(decoded, size=pixels.shape[-2:], mode="nearest")
+        return self.image_processor.postprocess(pixels, output_type=output_type)
+
+
+def _as_prompt_list(prompt) -> list:
+    return [prompt] if isinstance(prompt, str) else list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
+
+
+def _check_integer(name: str, value, minimum: int, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}{' ' + hint if hint else ''}, got {value!r}.")
 
 
 SSDAutoregressivePipeline.__call__.__doc__ += EXAMPLE_DOC_STRING

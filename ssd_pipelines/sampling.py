@@ -6,11 +6,15 @@ it is checked against are always processed the same way. Greedy decoding is the
 limit of zero temperature: the distribution is one-hot on the argmax, and the
 speculative acceptance rule then reproduces the greedy token exactly.
 
-Randomness comes only from the caller's `torch.Generator`.
+Randomness comes only from the caller's `torch.Generator`, drawn on the
+generator's own device and moved to the model's (as diffusers' `randn_tensor`
+does), so a CPU generator drives a CUDA model and gives it the same codes.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,14 @@ class SamplingConfig:
     guidance_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "guidance_scale", "top_p"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise ValueError(f"{name} must be a number, got {value!r}.")
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}: pass a real value.")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
+            raise ValueError(f"top_k must be a positive integer or None to disable it, got {self.top_k!r}.")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if self.top_k is not None and self.top_k < 1:
@@ -85,10 +97,22 @@ def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+def uniform(
+    shape: torch.Size | tuple[int, ...], generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """U[0, 1) noise of `shape` on `device`, drawn on the generator's device."""
+    source = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=source).to(device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one code per distribution. probs: [..., K] -> codes [...]."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """Draw one code per distribution by inverting its CDF. probs: [..., K] -> codes [...]."""
+    cdf = probs.cumsum(-1)  # [..., K]
+    u = uniform(probs.shape[:-1], generator, probs.device)[..., None] * cdf[..., -1:]  # [..., 1]
+    # The first code whose CDF exceeds u: codes of zero probability never are (their CDF equals the previous
+    # one). Should rounding put u at the CDF's end, the last code of positive probability is taken.
+    last_possible = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # [..., 1]
+    return torch.minimum(torch.searchsorted(cdf, u, right=True), last_possible).squeeze(-1)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -117,12 +141,12 @@ def verify_round(
 
     Returns (tokens, next_q, accepted). Every returned token is a sample of this
     round's p at its cell (accepted or resampled alike), so the next round's
-    proposal is p itself (DESIGN.md §1, step 5). Keeping the head's q for accepted
+    proposal is p itself (docs/decoding.md, "Which q"). Keeping the head's q for accepted
     cells instead stops the rounds from converging to the AR distribution.
     """
     p_token = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
     q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    u = torch.rand(tokens.shape, generator=generator, device=tokens.device)
+    u = uniform(tokens.shape, generator, tokens.device)
     accepted = u * q_token < p_token  # u < p/q without dividing by a zero q
     resampled = sample(residual(p, q), generator)
     return torch.where(accepted, tokens, resampled), p, accepted

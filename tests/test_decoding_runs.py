@@ -34,30 +34,33 @@ def test_ar_costs_one_pass_per_code(grid_backbone):
 @pytest.mark.parametrize("rounds", [0, 1, 2])
 @pytest.mark.parametrize("vertical_rows", [1, 2])
 def test_ssd_passes_follow_the_formula(grid_backbone, rounds, vertical_rows):
-    """(r + 1) passes per block; the prefill stands in for the last block's commit, which nothing reads."""
+    """(r + 1) passes per block; the prefill stands in for the last block's commit, which nothing reads.
+    The first row's last block is one exact cell: its first round rejects nothing, so it is also its commit."""
     heads = tiny_heads(grid_backbone)
-    first_row_blocks = math.ceil(COLS / (1 + 5))  # k_h = 5: a first cell and five drafted cells
+    assert COLS == 1 + 5 + 1  # k_h = 5: a block of a first cell and five drafted cells, then a block of one cell
     later_blocks = math.ceil((ROWS - 1) / vertical_rows)
     out = decode(SSDDecoding(heads, verify_rounds=rounds, vertical_rows=vertical_rows), grid_backbone)
-    assert out.stats.forward_passes == (first_row_blocks + later_blocks) * (rounds + 1)
+    assert out.stats.forward_passes == (1 + later_blocks) * (rounds + 1) + 1
     assert len(out.stats.drafted_per_round) == rounds
     assert out.codes.shape == (6, ROWS, COLS)
 
 
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("rounds", [1, 2, 3])
-def test_adaptive_never_costs_more_than_fixed_rounds(grid_backbone, seed, rounds):
+def test_rounds_stop_once_every_image_has_converged(grid_backbone):
+    """A cap of 100 rounds runs no round after the one that rejected nothing, and reports none."""
     heads = tiny_heads(grid_backbone)
-    fixed = decode(SSDDecoding(heads, verify_rounds=rounds), grid_backbone, seed=seed)
-    adaptive = decode(SSDDecoding(heads, verify_rounds=rounds, adaptive=True), grid_backbone, seed=seed)
-    assert adaptive.stats.forward_passes <= fixed.stats.forward_passes
+    capped = decode(SSDDecoding(heads, verify_rounds=100), grid_backbone, images=1)
+    exact = decode(ExactDecoding(heads), grid_backbone, images=1)
+    assert capped.stats.forward_passes == exact.stats.forward_passes < ROWS * COLS
+    assert torch.equal(capped.codes, exact.codes)  # the same decoding, draw for draw
+    assert 1 < len(capped.stats.drafted_per_round) < COLS + 1
+    assert all(d > 0 for d in capped.stats.drafted_per_round)
 
 
-def test_greedy_adaptive_stops_as_soon_as_a_round_rejects_nothing(grid_backbone):
+def test_greedy_rounds_stop_as_soon_as_a_round_rejects_nothing(grid_backbone):
     heads = tiny_heads(grid_backbone)
     sampling = SamplingConfig(temperature=0)
     prompts = grid_backbone.encode_prompts(["a"])
-    out = SSDDecoding(heads, verify_rounds=50, adaptive=True).decode(grid_backbone, prompts, sampling)
+    out = SSDDecoding(heads, verify_rounds=50).decode(grid_backbone, prompts, sampling)
     assert out.stats.accepted_per_round[-1] == out.stats.drafted_per_round[-1]
     assert out.stats.forward_passes < ROWS * COLS + 2 * 5  # far from 50 rounds a block
 
@@ -113,7 +116,6 @@ def test_every_row_is_reported_when_nobody_stops(grid_backbone):
     "build, message",
     [
         (lambda heads: SSDDecoding(heads, verify_rounds=-1), "verify_rounds must be >= 0"),
-        (lambda heads: SSDDecoding(heads, verify_rounds=None), "needs adaptive=True"),
         (lambda heads: SSDDecoding(heads, vertical_rows=3), r"vertical_rows must be in 1..2"),
         (lambda heads: SSDDecoding(heads, horizontal_cells=6), r"horizontal_cells must be in 0..5"),
         (lambda heads: make_strategy("medusa", heads), "unknown decoding 'medusa': choose one of ar, ssd, exact"),
@@ -151,3 +153,25 @@ def test_ar_records_the_states_that_predicted_each_cell(grid_backbone):
     expected = block.predicting_hidden(h_first, grid_backbone.extend(state, block.embed(grid_backbone, codes)))
     torch.testing.assert_close(out.hidden.flatten(1, 2), expected, atol=1e-4, rtol=1e-4)
     assert ARDecoding().decode(grid_backbone, prompts, sampling).hidden is None
+
+
+def test_final_round_counts_what_each_round_accepted(grid_backbone):
+    """With one round, a drafted cell either kept the head's code (1, counted as accepted) or was resampled (2)."""
+    heads = tiny_heads(grid_backbone)
+    out = decode(SSDDecoding(heads, verify_rounds=1), grid_backbone)
+    final, stats = out.final_round, out.stats
+    blocks = 2 + (ROWS - 1)  # two first-row blocks, then one block per row
+    assert int((final == 0).sum()) == blocks * stats.images  # each block's first cell is exact
+    assert int((final == 1).sum()) == stats.accepted_per_round[0]
+    assert int((final == 2).sum()) == stats.drafted_per_round[0] - stats.accepted_per_round[0] > 0
+    assert int((final > 2).sum()) == 0
+
+
+def test_final_round_of_exact_and_ar(grid_backbone):
+    heads = tiny_heads(grid_backbone)
+    exact = decode(ExactDecoding(heads), grid_backbone)
+    rejected = [d - a for d, a in zip(exact.stats.drafted_per_round, exact.stats.accepted_per_round)]
+    for k, rejections in enumerate(rejected, start=1):  # a cell resampled in round k, and kept since, shows k + 1
+        assert int((exact.final_round == k + 1).sum()) <= rejections
+    assert int(exact.final_round.max()) > 2 and int(exact.final_round.max()) <= len(rejected)
+    assert (decode(ARDecoding(), grid_backbone).final_round == 0).all()

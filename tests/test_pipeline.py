@@ -62,23 +62,46 @@ def test_every_decoding_mode_and_its_statistics(pipe):
 
 
 def test_tuple_output_and_batches_of_prompts(pipe):
-    images, codes, stats = pipe(["a red circle", "blue"], num_images_per_prompt=2, return_dict=False)
-    assert len(images) == 4 and codes.shape == (4, 4, 4) and stats["images"] == 4
+    images, codes, stats, final_round, interrupted, rows = pipe(
+        ["a red circle", "blue"], num_images_per_prompt=2, return_dict=False
+    )
+    assert len(images) == 4 and codes.shape == final_round.shape == (4, 4, 4) and stats["images"] == 4
+    assert not interrupted and rows == 4
 
 
-def test_callback_after_each_row_can_stop_early(pipe):
-    rows = []
+@pytest.mark.parametrize("decoding, options", [("ar", {}), ("ssd", {"vertical_rows": 2}), ("exact", {})])
+def test_callback_after_each_row_can_stop_early(pipe, decoding, options):
+    """An interrupted image is marked: undecoded rows are -1 in codes and final_round, and black in pixels,
+    even where a two-row block had already drafted the row after the last one reported."""
+    seen = []
 
     def on_step_end(p, row, timestep, tensors):
-        rows.append((row, tensors["codes"].shape))
-        if row == 1:
+        seen.append((row, tensors["codes"].clone()))
+        if row == 0:
             p._interrupt = True
         return {}
 
-    out = run(pipe, callback_on_step_end=on_step_end, output_type="latent")
-    assert [r for r, _ in rows] == [0, 1] and rows[0][1] == (1, 4, 4)
-    assert out.stats["rows_completed"] == 2 and not out.codes[:, 2:].any()
-    assert run(pipe).stats["rows_completed"] == 4  # the next call starts afresh
+    out = run(pipe, decoding=decoding, callback_on_step_end=on_step_end, output_type="np", **options)
+    assert [r for r, _ in seen] == [0]
+    assert out.interrupted and out.rows_completed == out.stats["rows_completed"] == 1 and out.stats["interrupted"]
+    assert (out.codes[:, 1:] == -1).all() and (out.final_round[:, 1:] == -1).all()
+    assert (out.codes[:, :1] >= 0).all() and (out.final_round[:, :1] >= 0).all()
+    assert torch.equal(seen[0][1], out.codes)  # the callback saw row 0 and nothing below it
+    assert (out.images[:, 4:] == 0).all() and out.images[:, :4].any()  # a code row is 4 pixel rows
+    again = run(pipe, decoding=decoding, **options)  # the next call starts afresh
+    assert again.rows_completed == 4 and not again.interrupted and (again.codes >= 0).all()
+
+
+def test_decode_codes_masks_what_was_not_decoded(pipe):
+    codes = run(pipe, output_type="latent").codes
+    full = pipe.decode_codes(codes, output_type="np")
+    torch.testing.assert_close(torch.from_numpy(full), torch.from_numpy(run(pipe, output_type="np").images))
+    codes[:, 2:] = -1
+    partial = pipe.decode_codes(codes, output_type="np")
+    assert (partial[:, 8:] == 0).all() and partial[:, :8].any()
+    assert len(pipe.decode_codes(codes)) == 1  # PIL images by default
+    with pytest.raises(ValueError, match="unknown output_type 'latent'"):
+        pipe.decode_codes(codes, output_type="latent")
 
 
 def test_progress_bar_counts_rows(pipe, capsys):
@@ -106,7 +129,7 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
         ({"output_type": "jpeg"}, "unknown output_type 'jpeg'"),
         ({"negative_prompt": ["x", "y"]}, "pass one per prompt"),
-        ({"num_images_per_prompt": 0}, "must be >= 1"),
+        ({"num_images_per_prompt": 0}, "`num_images_per_prompt` must be an integer >= 1, got 0"),
         ({"callback_on_step_end_tensor_inputs": ["latents"]}, r"\['latents'\] are not available"),
     ],
 )

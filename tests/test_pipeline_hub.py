@@ -70,7 +70,9 @@ def test_offline_loading_from_the_cache(hub, published, monkeypatch):
     hub.close()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert torch.equal(codes(SSDAutoregressivePipeline.from_pretrained("org/tiny-heads")), online)
-    with pytest.raises(ValueError, match="'org/never-downloaded' is not in the local Hugging Face cache"):
+    with pytest.raises(
+        ValueError, match="'org/never-downloaded' is no local folder, is not in the local Hugging Face cache"
+    ):
         SSDAutoregressivePipeline.from_pretrained("org/never-downloaded")
 
 

@@ -10,7 +10,8 @@ hidden states *before* the final norm, taken from the same pass.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import threading
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -18,16 +19,25 @@ from torch import nn
 from .base import ImageBackbone, KVState, PromptBatch
 from .kv_cache import preallocated_cache
 
+# The pre-norm hidden states of the pass running in this thread (or asyncio task), if one asked for them.
+# A module hook is shared by every caller of the model; a context variable is not, so concurrent calls
+# on one backbone each see their own pass (transformers records `output_hidden_states` the same way).
+_captured_norm_input: ContextVar[list[torch.Tensor] | None] = ContextVar("captured_norm_input", default=None)
+_hook_lock = threading.Lock()
 
-@contextmanager
-def _capture_input(module: nn.Module):
-    """Record the input of `module` during one forward pass (the pre-norm hidden states)."""
-    captured: list[torch.Tensor] = []
-    handle = module.register_forward_hook(lambda _module, args, _output: captured.append(args[0]))
-    try:
-        yield captured
-    finally:
-        handle.remove()
+
+def _record_norm_input(_module: nn.Module, args: tuple, _output) -> None:
+    captured = _captured_norm_input.get()
+    if captured is not None:
+        captured.append(args[0])
+
+
+def _install_capture_hook(norm: nn.Module) -> None:
+    """Hook the final norm once; the hook records its input only for passes that ask (see `_run`)."""
+    with _hook_lock:
+        if not getattr(norm, "_ssd_capture_hooked", False):
+            norm.register_forward_hook(_record_norm_input)
+            norm._ssd_capture_hooked = True
 
 
 class CausalLMBackbone(ImageBackbone):
@@ -36,6 +46,7 @@ class CausalLMBackbone(ImageBackbone):
     def __init__(self, decoder: nn.Module):
         self.decoder = decoder
         self.final_norm: nn.Module = decoder.norm
+        _install_capture_hook(self.final_norm)
 
     @property
     def device(self) -> torch.device:
@@ -47,7 +58,9 @@ class CausalLMBackbone(ImageBackbone):
 
     def _run(self, embeds: torch.Tensor, state: KVState, position_ids: torch.Tensor, attention_mask) -> torch.Tensor:
         """One pass of the decoder; returns the input of its final norm."""
-        with _capture_input(self.final_norm) as captured:
+        captured: list[torch.Tensor] = []
+        token = _captured_norm_input.set(captured)
+        try:
             self.decoder(
                 inputs_embeds=embeds.to(self.dtype),
                 attention_mask=attention_mask,
@@ -55,6 +68,8 @@ class CausalLMBackbone(ImageBackbone):
                 cache=state.cache,
                 use_cache=True,
             )
+        finally:
+            _captured_norm_input.reset(token)
         state.length += embeds.shape[1]
         return captured[0]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..heads import DraftHeads
 from .ar import ARDecoding
-from .base import DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
+from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
 from .ssd import ExactDecoding, SSDDecoding
 
 STRATEGIES: dict[str, type[DecodingStrategy]] = {
@@ -28,6 +28,7 @@ def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> Deco
 
 __all__ = [
     "STRATEGIES",
+    "UNDECODED",
     "ARDecoding",
     "DecodeOutput",
     "DecodeStats",

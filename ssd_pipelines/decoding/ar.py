@@ -24,6 +24,7 @@ class ARDecoding(DecodingStrategy):
     def _decode(self, run: DecodeRun) -> None:
         grid = run.grid
         state, h_next = run.prefill()  # h_next: [B', d], predicts the next cell
+        run.final_round.zero_()  # every cell is drawn from its exact distribution
         if self.record_hidden:
             run.hidden = h_next.new_empty(h_next.shape[0], grid.num_cells, h_next.shape[-1])
         for cell in range(grid.num_cells):

@@ -4,6 +4,9 @@ A strategy turns a prompt batch into a grid of image codes by talking to an
 `ImageBackbone`. It reports exact forward-pass counts (timings on shared
 machines are noisy; passes are not) and calls an optional callback after every
 committed row, which progress bars and live previews hang on.
+
+Everything one call needs lives in its `DecodeRun`: a strategy object holds
+only settings, so one strategy and one backbone may serve concurrent calls.
 """
 
 from __future__ import annotations
@@ -20,24 +23,31 @@ from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from ..sampling import SamplingConfig, sample, target_probs
 
 RowCallback = Callable[[int, torch.Tensor], bool | None]
-"""Called as callback(row, codes [B, R, C]) once row `row` is committed; returning True stops decoding."""
+"""Called as callback(row, codes [B, R, C]) once row `row` is committed; returning True stops decoding.
+`codes` is a copy holding `UNDECODED` in every row after `row`."""
+
+UNDECODED = -1
+"""Code, and final round, of a cell that was never decoded (the call was stopped before its row)."""
 
 
 @dataclass
 class DecodeStats:
-    """Counts of one decoding run. Round k's lists hold cells verified / accepted in the k-th verification round."""
+    """Counts of one decoding run. Round k's lists hold cells verified / accepted in the k-th verification round;
+    a round that no block ran has no entry."""
 
     strategy: str
     images: int
     forward_passes: int = 0  # backbone passes, the prompt prefill included
     rows_completed: int = 0
+    interrupted: bool = False  # stopped before the last row: rows from rows_completed on are UNDECODED
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
-    def acceptance_per_round(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_round, self.drafted_per_round)]
+    def acceptance_per_round(self) -> list[float | None]:
+        """Accepted / drafted per round; None for a round that verified no drafted cell."""
+        return [a / d if d else None for a, d in zip(self.accepted_per_round, self.drafted_per_round)]
 
     def to_dict(self) -> dict:
         return {**asdict(self), "acceptance_per_round": self.acceptance_per_round}
@@ -45,8 +55,16 @@ class DecodeStats:
 
 @dataclass
 class DecodeOutput:
-    codes: torch.Tensor  # [B, R, C] image codes; rows past stats.rows_completed are zero
+    """The grid a call decoded. Rows from `stats.rows_completed` on hold `UNDECODED` in `codes` and `final_round`.
+
+    final_round [B, R, C], per cell: 0 = sampled from the backbone's exact distribution (never drafted);
+    1 = the drafting head's code, kept (accepted by every verification round it met, or never verified
+    when verify_rounds=0); k >= 2 = resampled in verification round k - 1 and kept since.
+    """
+
+    codes: torch.Tensor  # [B, R, C] image codes
     stats: DecodeStats
+    final_round: torch.Tensor  # [B, R, C]
     hidden: torch.Tensor | None = None  # [B', R, C, d] pre-norm states predicting each cell, when recorded
 
 
@@ -163,8 +181,7 @@ class DecodingStrategy(ABC):
         if run.codes.device.type == "cuda":
             torch.cuda.synchronize(run.codes.device)
         run.stats.seconds = time.perf_counter() - started
-        hidden = None if run.hidden is None else run.hidden.view(-1, run.grid.rows, run.grid.cols, run.hidden.shape[-1])
-        return DecodeOutput(run.codes.view(-1, run.grid.rows, run.grid.cols), run.stats, hidden)
+        return run.output()
 
     @abstractmethod
     def _decode(self, run: DecodeRun) -> None:
@@ -181,7 +198,9 @@ class DecodeRun:
         self.sampling: SamplingConfig = sampling
         self.generator: torch.Generator | None = generator
         self.callback = callback
-        self.codes = torch.zeros(prompts.batch_size, grid.num_cells, dtype=torch.long, device=backbone.device)
+        cells = (prompts.batch_size, grid.num_cells)
+        self.codes = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)
+        self.final_round = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)  # see DecodeOutput
         self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False
@@ -212,4 +231,20 @@ class DecodeRun:
             row = self.stats.rows_completed
             self.stats.rows_completed += 1
             if self.callback is not None:
-                self.stopped = bool(self.callback(row, self.codes.view(-1, self.grid.rows, self.grid.cols)))
+                self.stopped = bool(self.callback(row, self._committed_grid(self.codes)))
+
+    def _committed_grid(self, cells: torch.Tensor) -> torch.Tensor:
+        """A copy of [B, R * C] as [B, R, C], UNDECODED in every row past `rows_completed` (a block may have
+        filled rows that were never reported, or stopped halfway)."""
+        grid = cells.view(-1, self.grid.rows, self.grid.cols).clone()
+        grid[:, self.stats.rows_completed :] = UNDECODED
+        return grid
+
+    def output(self) -> DecodeOutput:
+        self.stats.interrupted = self.stats.rows_completed < self.grid.rows
+        hidden = (
+            None if self.hidden is None else self.hidden.view(-1, self.grid.rows, self.grid.cols, self.hidden.shape[-1])
+        )
+        return DecodeOutput(
+            self._committed_grid(self.codes), self.stats, self._committed_grid(self.final_round), hidden
+        )

@@ -1,4 +1,4 @@
-"""Spatially Speculative Decoding with auto-correcting verification (DESIGN.md §1-2).
+"""Spatially Speculative Decoding with auto-correcting verification (docs/decoding.md).
 
 The grid is decoded in blocks. The first row goes in blocks of 1 + k_h cells:
 the first cell is sampled from the backbone's exact distribution, the horizontal
@@ -14,10 +14,11 @@ the block start. From the second round on every cell's q is the previous
 round's p. A last pass over the final codes commits the block: it writes the
 cache and yields the hidden states that draft the next block.
 
-Fixed r rounds is the paper's decoding (lossy for small r). `adaptive` stops at
-the first round that rejects nothing; that round's pass already saw the final
-codes, so it is the commit. `exact` is adaptive with no cap on rounds, which
-returns exactly the AR distribution.
+An image whose round rejected nothing has converged: any later round would
+accept all its cells with probability 1, so it is frozen, and once every image
+of the batch has converged the rounds stop and that round's pass, which saw the
+final codes, is the commit. At most r rounds is the paper's decoding (lossy for
+small r); `exact` has no cap on rounds and returns exactly the AR distribution.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ class SSDDecoding(DecodingStrategy):
         verify_rounds: int | None = 2,
         vertical_rows: int = 1,
         horizontal_cells: int | None = None,
-        adaptive: bool = False,
     ):
-        if verify_rounds is None and not adaptive:
-            raise ValueError("verify_rounds=None (no cap) needs adaptive=True, or the rounds would never end.")
+        """verify_rounds: the most verification rounds a block gets (None: no cap, which is `exact`)."""
         if verify_rounds is not None and verify_rounds < 0:
             raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
         if not 1 <= vertical_rows <= heads.max_vertical:
@@ -59,7 +58,6 @@ class SSDDecoding(DecodingStrategy):
         self.verify_rounds = verify_rounds
         self.vertical_rows = vertical_rows  # k_v
         self.horizontal_cells = horizontal_cells  # k_h
-        self.adaptive = adaptive
 
     def plan_blocks(self, grid) -> list[Block]:
         """First row in chunks of 1 + k_h cells, then k_v rows at a time."""
@@ -87,8 +85,11 @@ class SSDDecoding(DecodingStrategy):
             else:
                 codes, q = self._draft_below(run, block, h_next, row_hidden, row_embeds)
             is_last = index == len(blocks) - 1
-            codes, committed = self._verify(run, state, block, h_next, codes, q, rounds, commit=not is_last)
+            codes, final_round, committed = self._verify(
+                run, state, block, h_next, codes, q, rounds, commit=not is_last
+            )
             run.codes[:, block.first : block.end] = codes
+            run.final_round[:, block.first : block.end] = final_round
             if committed is not None:
                 hidden, block_hidden = committed
                 h_next = hidden[:, -1]
@@ -121,32 +122,36 @@ class SSDDecoding(DecodingStrategy):
         return run.sample(q), q
 
     def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, rounds: RoundCounter, commit: bool):
-        """Verification rounds, then the commit pass. Returns the final codes and, if committed,
-        (output hidden [B', n_pos, d], hidden predicting each cell [B', n_cells, d])."""
+        """Verification rounds, then the commit pass. Returns the final codes, each cell's final round
+        (see `DecodeOutput`) and, if committed, (output hidden [B', n_pos, d], hidden predicting each cell
+        [B', n_cells, d])."""
         start = state.length
         converged = torch.zeros(codes.shape[0], dtype=torch.bool, device=codes.device)  # [B]
+        final_round = torch.ones_like(codes)  # [B, n]: drafted codes, held since round 1
+        final_round[:, 0] = 0  # the first cell is drawn from its exact target
         for round_index in range(self.max_rounds(block)):
             hidden = run.forward(state, block, codes)
             block_hidden = block.predicting_hidden(h_before, hidden)
             p = run.probs(block_hidden)  # [B, n, K]
             new_codes, q, accepted = verify_round(codes, q, p, run.generator)
             # A sample whose round rejected nothing is final: later rounds would accept it with probability 1.
-            codes = torch.where(converged[:, None], codes, new_codes)
             active = ~converged
+            codes = torch.where(active[:, None], new_codes, codes)
+            final_round = torch.where(active[:, None] & ~accepted, round_index + 2, final_round)
             # The first cell is drawn from its exact target and always accepted: it is not counted as drafted.
             rounds.add(round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum())
             converged |= accepted.all(dim=1)
-            if self.adaptive and bool(converged.all()):
-                return codes, (hidden, block_hidden)  # this pass saw the final codes: it is the commit
+            if bool(converged.all()):
+                return codes, final_round, (hidden, block_hidden)  # this pass saw the final codes: the commit
             run.backbone.rewind(state, start)
         if not commit:
-            return codes, None  # the last block: nothing reads its cache or hidden states
+            return codes, final_round, None  # the last block: nothing reads its cache or hidden states
         hidden = run.forward(state, block, codes)
-        return codes, (hidden, block.predicting_hidden(h_before, hidden))
+        return codes, final_round, (hidden, block.predicting_hidden(h_before, hidden))
 
 
 class ExactDecoding(SSDDecoding):
-    """SSD with adaptive rounds and no cap: lossless, returns exactly the AR distribution (DESIGN.md §2).
+    """SSD with no cap on rounds: lossless, returns exactly the AR distribution (docs/decoding.md).
 
     Better heads and lower sampling entropy need fewer rounds; greedy decoding with
     perfect heads needs one pass per block.
@@ -155,6 +160,4 @@ class ExactDecoding(SSDDecoding):
     name = "exact"
 
     def __init__(self, heads: DraftHeads, vertical_rows: int = 1, horizontal_cells: int | None = None):
-        super().__init__(
-            heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells, adaptive=True
-        )
+        super().__init__(heads, verify_rounds=None, vertical_rows=vertical_rows, horizontal_cells=horizontal_cells)

@@ -1,4 +1,4 @@
-"""Self-distillation of drafting heads from a frozen backbone (DESIGN.md §1, "Training").
+"""Self-distillation of drafting heads from a frozen backbone (docs/decoding.md, "Drafting heads").
 
 The backbone writes images with plain AR decoding; for every cell we keep the
 pre-norm hidden state h(y, x) that predicted it, in both guidance branches, and
