@@ -68,7 +68,7 @@ class SSDDecodeCodes:
         }
 
     def decode(self, pipeline: SSDAutoregressivePipeline, codes: SSDCodes) -> tuple[torch.Tensor]:
-        return (to_comfy_images(pipeline.decode_codes(codes.codes.to(pipeline.device), output_type="np")),)
+        return (to_comfy_images(pipeline.decode_codes(codes.codes, output_type="np")),)
 
 
 class SSDAcceptanceMap:

@@ -37,11 +37,11 @@ class RowProgress:
         return {}
 
 
-def decoding_options(decoding: str, rounds: int, adaptive: bool, k_v: int) -> dict:
-    """Only the options a decoding takes: the pipeline refuses rounds/adaptive outside ssd and k_v with ar."""
+def decoding_options(decoding: str, rounds: int, k_v: int) -> dict:
+    """Only the options a decoding takes: the pipeline refuses rounds outside ssd and k_v with ar."""
     options = {} if decoding == "ar" else {"vertical_rows": k_v}
     if decoding == "ssd":
-        options.update(verify_rounds=rounds, adaptive=adaptive)
+        options["verify_rounds"] = rounds
     return options
 
 
@@ -105,11 +105,7 @@ class SSDGenerate:
                 ),
                 "rounds": (
                     "INT",
-                    {"default": 2, "min": 0, "max": 16, "tooltip": "Verification rounds per drafted block (ssd only); 0 keeps drafts unverified."},
-                ),
-                "adaptive": (
-                    "BOOLEAN",
-                    {"default": False, "tooltip": "ssd only: end a block's rounds after the first round that rejects nothing."},
+                    {"default": 2, "min": 0, "max": 16, "tooltip": "ssd only: at most this many verification rounds per drafted block (fewer once a round rejects nothing); 0 keeps drafts unverified."},
                 ),
                 "k_v": (
                     "INT",
@@ -133,7 +129,6 @@ class SSDGenerate:
         temperature: float,
         decoding: str,
         rounds: int,
-        adaptive: bool,
         k_v: int,
         preview: bool,
     ) -> tuple[torch.Tensor, SSDCodes, str]:
@@ -144,9 +139,9 @@ class SSDGenerate:
             num_images_per_prompt=batch_size,
             guidance_scale=guidance,
             temperature=temperature,
-            generator=torch.Generator(pipeline.device).manual_seed(seed),
+            generator=torch.Generator().manual_seed(seed),  # a CPU generator drives any device, the same way
             decoding=decoding,
-            **decoding_options(decoding, rounds, adaptive, k_v),
+            **decoding_options(decoding, rounds, k_v),
             output_type="np",
             callback_on_step_end=progress,
         )

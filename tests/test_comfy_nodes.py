@@ -21,7 +21,7 @@ PROMPT = "a red circle left of a blue square"
 def generate_inputs(pipeline, **overrides) -> dict:
     inputs = dict(
         pipeline=pipeline, prompt=PROMPT, negative_prompt="", seed=7, batch_size=1, guidance=3.0,
-        temperature=1.0, decoding="ssd", rounds=1, adaptive=False, k_v=1, preview=False,
+        temperature=1.0, decoding="ssd", rounds=1, k_v=1, preview=False,
     )  # fmt: skip
     return inputs | overrides
 
@@ -102,7 +102,7 @@ def test_loader_offline_hub_id_says_how_to_get_it(nodes, ssd_models, hub, monkey
     with pytest.raises(ValueError) as raised:
         nodes["SSDPipelineLoader"].load(model="ssd-reference", dtype="float32", device="default", path_or_repo_id="org/ssd-model")
     message = str(raised.value)
-    assert "'org/ssd-model' is not in the local Hugging Face cache" in message
+    assert message.startswith("'org/ssd-model' ")  # the library's own explanation comes first
     assert f"hf download org/ssd-model --local-dir {ssd_models / 'ssd-model'}" in message
 
 
@@ -131,10 +131,10 @@ def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
 
 
 def test_each_decoding_gets_only_its_options(nodes, pipeline):
-    # rounds and adaptive are ssd's; k_v is not ar's: the node must not pass them where the pipeline refuses them.
-    _, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=3, adaptive=True, k_v=2))
+    # rounds is ssd's; k_v is not ar's: the node must not pass them where the pipeline refuses them.
+    _, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=3, k_v=2))
     assert "forward passes: 256" in stats and codes.final_round.unique().tolist() == [0]
-    _, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="exact", rounds=0, adaptive=False, temperature=0.0))
+    _, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="exact", rounds=0, temperature=0.0))
     assert "decoding: exact" in stats
 
 
@@ -145,8 +145,8 @@ def test_progress_advances_per_row_with_a_row_preview(nodes, pipeline, progress_
         assert kind == "PNG" and max_size is None and preview.size == (512, 512)
         pixels = np.asarray(preview)
         committed = value * 512 // 16  # each of the 16 rows is 32 preview pixels tall
-        assert pixels[committed:].max() == 0, "rows not committed yet are black"
         assert pixels[:committed].max() > 0
+        assert value == 16 or pixels[committed:].max() == 0, "rows not committed yet are black"
     last = np.asarray(progress_calls[-1][2][1])[::8, ::8]  # one preview pixel per image pixel
     np.testing.assert_allclose(last / 255.0, images[0].numpy(), atol=1 / 255)
 
@@ -170,6 +170,7 @@ def test_cancel_stops_decoding_between_rows(nodes, pipeline, progress_calls, com
     assert [value for value, _, _ in progress_calls] == [1, 2, 3]
     assert not comfy_interrupt.processing_interrupted()  # consumed, as ComfyUI's own check does
     # The shared pipeline is unharmed: the next run completes.
+    comfy.utils.set_progress_bar_global_hook(None)
     images, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline))
     assert images.shape == (1, 64, 64, 3) and "rows completed: 16" in stats
 
