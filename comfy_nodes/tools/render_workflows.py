@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
@@ -23,7 +25,7 @@ HEADLESS_ARGS = [
 ]  # fmt: skip
 COLUMN_WIDTH, ROW_GAP, LEFT, TOP = 470, 40, 40, 60
 
-SIZES = {"SaveImage": [330, 380], "PreviewImage": [330, 380], "PreviewAny": [330, 230]}  # room for results
+SIZES = {"SSDGenerate": [420, 760], "SaveImage": [360, 420], "PreviewImage": [360, 420], "PreviewAny": [360, 200]}  # room for results
 
 # Runs in the page: build the graph from the API workflow, place it in columns by depth, fix seeds, and return
 # what the frontend's Export and Export (API) write (`graphToPrompt`).
@@ -49,7 +51,7 @@ async ([api, name, sizes, column, gap, left, top]) => {
     }
   }
   app.canvas.ds.offset = [0, 0];
-  app.canvas.ds.scale = 0.9;
+  app.canvas.ds.scale = 0.8;
   app.graph.setDirtyCanvas(true, true);
   const { workflow, output } = await app.graphToPrompt();
   workflow.extra.ds = { scale: app.canvas.ds.scale, offset: [...app.canvas.ds.offset] };
@@ -61,7 +63,7 @@ async ([api, name, sizes, column, gap, left, top]) => {
 def render(url: str, chromium: str, run: bool, screenshots: Path | None) -> None:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=HEADLESS_ARGS)
-        page = browser.new_page(viewport={"width": 1800, "height": 1100})
+        page = browser.new_page(viewport={"width": 1700, "height": 1400})
         for api_file in sorted(WORKFLOWS.glob("*_api.json")):
             page.goto(url)
             page.wait_for_function("window.app && window.app.graph && Object.keys(LiteGraph.registered_node_types).length > 100")
@@ -75,18 +77,25 @@ def render(url: str, chromium: str, run: bool, screenshots: Path | None) -> None
             print(f"wrote {ui_file}")
             if run:
                 page.evaluate("app.queuePrompt(0, 1)")
-                page.wait_for_timeout(1000)
-                page.wait_for_function(
-                    "fetch('/queue').then(r => r.json()).then(q => !q.queue_running.length && !q.queue_pending.length)",
-                    timeout=300_000, polling=1000,
-                )
-                page.wait_for_timeout(1500)
+                _wait_for_empty_queue(url)
+                page.wait_for_timeout(1500)  # the last results reach the page over its websocket
             if screenshots is not None:
                 screenshots.mkdir(parents=True, exist_ok=True)
                 shot = screenshots / ui_file.with_suffix(".png").name
                 page.screenshot(path=str(shot))
                 print(f"wrote {shot}")
         browser.close()
+
+
+def _wait_for_empty_queue(url: str, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        with urllib.request.urlopen(f"{url}/queue") as response:
+            queue = json.load(response)
+        if not queue["queue_running"] and not queue["queue_pending"]:
+            return
+    raise SystemExit(f"ComfyUI at {url} did not finish within {timeout:.0f} s")
 
 
 def _queues_the_same(queued: dict, api: dict) -> bool:
