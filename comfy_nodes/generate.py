@@ -84,36 +84,77 @@ class SSDGenerate:
                 "prompt": ("STRING", {"multiline": True, "default": "", "tooltip": "What to draw."}),
                 "negative_prompt": (
                     "STRING",
-                    {"multiline": True, "default": "", "tooltip": "Fills guidance's unconditional branch; empty uses the empty prompt."},
+                    {
+                        "multiline": True,
+                        "default": "",
+                        "tooltip": "Fills guidance's unconditional branch; empty uses the empty prompt.",
+                    },
                 ),
                 "seed": (
                     "INT",
-                    {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True, "tooltip": "Seed of the only random generator the decoding uses."},
+                    {
+                        "default": 0,
+                        "min": 0,
+                        "max": MAX_SEED,
+                        "control_after_generate": True,
+                        "tooltip": "Seed of the only random generator the decoding uses.",
+                    },
                 ),
-                "batch_size": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Images drawn for the prompt, decoded together."}),
+                "batch_size": (
+                    "INT",
+                    {"default": 1, "min": 1, "max": 64, "tooltip": "Images drawn for the prompt, decoded together."},
+                ),
                 "guidance": (
                     "FLOAT",
-                    {"default": 3.0, "min": 0.0, "max": 30.0, "step": 0.1, "tooltip": "Classifier-free guidance scale; 1 turns guidance off."},
+                    {
+                        "default": 3.0,
+                        "min": 0.0,
+                        "max": 30.0,
+                        "step": 0.1,
+                        "tooltip": "Classifier-free guidance scale; 1 turns guidance off.",
+                    },
                 ),
                 "temperature": (
                     "FLOAT",
-                    {"default": 1.0, "min": 0.0, "max": 2.0, "step": 0.05, "tooltip": "Sampling temperature; 0 is greedy."},
+                    {
+                        "default": 1.0,
+                        "min": 0.0,
+                        "max": 2.0,
+                        "step": 0.05,
+                        "tooltip": "Sampling temperature; 0 is greedy.",
+                    },
                 ),
                 "decoding": (
                     list(DECODINGS),
-                    {"default": "ssd", "tooltip": "ssd: the paper's, `rounds` verification rounds per row. exact: lossless, rounds until nothing changes. ar: one code per forward pass."},
+                    {
+                        "default": "ssd",
+                        "tooltip": "ssd: the paper's, `rounds` verification rounds per row. exact: lossless, rounds until nothing changes. ar: one code per forward pass.",
+                    },
                 ),
                 "rounds": (
                     "INT",
-                    {"default": 2, "min": 0, "max": 16, "tooltip": "ssd only: at most this many verification rounds per drafted block (fewer once a round rejects nothing); 0 keeps drafts unverified."},
+                    {
+                        "default": 2,
+                        "min": 0,
+                        "max": 16,
+                        "tooltip": "ssd only: at most this many verification rounds per drafted block (fewer once a round rejects nothing); 0 keeps drafts unverified.",
+                    },
                 ),
                 "k_v": (
                     "INT",
-                    {"default": 1, "min": 1, "max": 16, "tooltip": "Rows drafted at once by the vertical heads (ssd and exact); at most what the heads were trained for."},
+                    {
+                        "default": 1,
+                        "min": 1,
+                        "max": 16,
+                        "tooltip": "Rows drafted at once by the vertical heads (ssd and exact); at most what the heads were trained for.",
+                    },
                 ),
                 "preview": (
                     "BOOLEAN",
-                    {"default": True, "tooltip": "Show the first image on the node after each row (one VQ decode per row)."},
+                    {
+                        "default": True,
+                        "tooltip": "Show the first image on the node after each row (one VQ decode per row).",
+                    },
                 ),
             }
         }

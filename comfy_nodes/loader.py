@@ -45,11 +45,17 @@ class SSDPipelineLoader:
                 ),
                 "dtype": (
                     list(DTYPES),
-                    {"default": "float32", "tooltip": "Weights' dtype. bfloat16/float16 halve GPU memory; keep float32 on CPU."},
+                    {
+                        "default": "float32",
+                        "tooltip": "Weights' dtype. bfloat16/float16 halve GPU memory; keep float32 on CPU.",
+                    },
                 ),
                 "device": (
                     device_choices(),
-                    {"default": DEFAULT_DEVICE, "tooltip": "Where the pipeline runs; 'default' is ComfyUI's device (the CPU with --cpu)."},
+                    {
+                        "default": DEFAULT_DEVICE,
+                        "tooltip": "Where the pipeline runs; 'default' is ComfyUI's device (the CPU with --cpu).",
+                    },
                 ),
             },
             "optional": {

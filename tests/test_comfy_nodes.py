@@ -19,10 +19,10 @@ PROMPT = "a red circle left of a blue square"
 
 
 def generate_inputs(pipeline, **overrides) -> dict:
-    inputs = dict(
-        pipeline=pipeline, prompt=PROMPT, negative_prompt="", seed=7, batch_size=1, guidance=3.0,
-        temperature=1.0, decoding="ssd", rounds=1, k_v=1, preview=False,
-    )  # fmt: skip
+    inputs = {
+        "pipeline": pipeline, "prompt": PROMPT, "negative_prompt": "", "seed": 7, "batch_size": 1, "guidance": 3.0,
+        "temperature": 1.0, "decoding": "ssd", "rounds": 1, "k_v": 1, "preview": False,
+    }  # fmt: skip
     return inputs | overrides
 
 
@@ -75,17 +75,23 @@ def test_loader_reuses_the_loaded_pipeline(comfy_pack, nodes, pipeline, monkeypa
     loads = []
     original = SSDAutoregressivePipeline.from_pretrained
     monkeypatch.setattr(
-        SSDAutoregressivePipeline, "from_pretrained", lambda *args, **kwargs: loads.append(args) or original(*args, **kwargs)
+        SSDAutoregressivePipeline,
+        "from_pretrained",
+        lambda *args, **kwargs: loads.append(args) or original(*args, **kwargs),
     )
     loader = nodes["SSDPipelineLoader"]
     assert loader.load(model="ssd-reference", dtype="float32", device="default")[0] is pipeline
-    assert loader.load(model="ssd-reference", dtype="float32", device="cpu")[0] is pipeline  # ComfyUI's device is the CPU
+    # ComfyUI's device is the CPU here, so naming it is the same pipeline.
+    assert loader.load(model="ssd-reference", dtype="float32", device="cpu")[0] is pipeline
     assert loads == []
 
     (ssd_models / "copy").symlink_to(REFERENCE)
     other = loader.load(model="copy", dtype="float32", device="default")[0]
     assert other is not pipeline and len(loads) == 1
-    assert loader.load(model="ssd-reference", dtype="float32", device="default", path_or_repo_id=str(ssd_models / "copy"))[0] is other
+    by_path = loader.load(
+        model="ssd-reference", dtype="float32", device="default", path_or_repo_id=str(ssd_models / "copy")
+    )
+    assert by_path[0] is other
     assert len(loads) == 1
     assert other.backbone.dtype == torch.float32 and other.device.type == "cpu"
 
@@ -100,7 +106,9 @@ def test_loader_offline_hub_id_says_how_to_get_it(nodes, ssd_models, hub, monkey
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError) as raised:
-        nodes["SSDPipelineLoader"].load(model="ssd-reference", dtype="float32", device="default", path_or_repo_id="org/ssd-model")
+        nodes["SSDPipelineLoader"].load(
+            model="ssd-reference", dtype="float32", device="default", path_or_repo_id="org/ssd-model"
+        )
     message = str(raised.value)
     assert message.startswith("'org/ssd-model' ")  # the library's own explanation comes first
     assert f"hf download org/ssd-model --local-dir {ssd_models / 'ssd-model'}" in message
@@ -122,7 +130,12 @@ def test_generate_returns_comfyui_images_codes_and_stats(nodes, pipeline):
 def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
     images, codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ssd", rounds=2, k_v=2))
     expected = pipeline(
-        PROMPT, generator=torch.Generator().manual_seed(7), decoding="ssd", verify_rounds=2, vertical_rows=2, output_type="np"
+        PROMPT,
+        generator=torch.Generator().manual_seed(7),
+        decoding="ssd",
+        verify_rounds=2,
+        vertical_rows=2,
+        output_type="np",
     )
     np.testing.assert_array_equal(images.numpy(), expected.images)
     assert torch.equal(codes.codes, expected.codes)
@@ -134,7 +147,9 @@ def test_each_decoding_gets_only_its_options(nodes, pipeline):
     # rounds is ssd's; k_v is not ar's: the node must not pass them where the pipeline refuses them.
     _, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=3, k_v=2))
     assert "forward passes: 256" in stats and codes.final_round.unique().tolist() == [0]
-    _, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="exact", rounds=0, temperature=0.0))
+    _, _, stats = nodes["SSDGenerate"].generate(
+        **generate_inputs(pipeline, decoding="exact", rounds=0, temperature=0.0)
+    )
     assert "decoding: exact" in stats
 
 

@@ -43,7 +43,9 @@ def test_workflows_match_the_schemas_and_each_other(schemas, ui_name, api_name):
     ui, api = load(ui_name), load(api_name)
     assert api_errors(api, schemas) == []
     assert ui_errors(ui, schemas) == []
-    assert ui_to_api(ui, schemas) == {node_id: {k: v for k, v in node.items() if k != "_meta"} for node_id, node in api.items()}
+    assert ui_to_api(ui, schemas) == {
+        node_id: {k: v for k, v in node.items() if k != "_meta"} for node_id, node in api.items()
+    }
 
 
 def test_the_checks_catch_broken_workflows(schemas):

@@ -25,7 +25,12 @@ HEADLESS_ARGS = [
 ]  # fmt: skip
 COLUMN_WIDTH, ROW_GAP, LEFT, TOP = 470, 40, 40, 60
 
-SIZES = {"SSDGenerate": [420, 760], "SaveImage": [360, 420], "PreviewImage": [360, 420], "PreviewAny": [360, 200]}  # room for results
+SIZES = {
+    "SSDGenerate": [420, 760],
+    "SaveImage": [360, 420],
+    "PreviewImage": [360, 420],
+    "PreviewAny": [360, 200],
+}  # room for results
 
 # Runs in the page: build the graph from the API workflow, place it in columns by depth, fix seeds, and return
 # what the frontend's Export and Export (API) write (`graphToPrompt`).
@@ -66,7 +71,9 @@ def render(url: str, chromium: str, run: bool, screenshots: Path | None) -> None
         page = browser.new_page(viewport={"width": 1700, "height": 1400})
         for api_file in sorted(WORKFLOWS.glob("*_api.json")):
             page.goto(url)
-            page.wait_for_function("window.app && window.app.graph && Object.keys(LiteGraph.registered_node_types).length > 100")
+            page.wait_for_function(
+                "window.app && window.app.graph && Object.keys(LiteGraph.registered_node_types).length > 100"
+            )
             api = json.loads(api_file.read_text())
             ui_file = api_file.with_name(api_file.name.removesuffix("_api.json") + ".json")
             args = [api, ui_file.name, SIZES, COLUMN_WIDTH, ROW_GAP, LEFT, TOP]

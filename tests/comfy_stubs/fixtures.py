@@ -44,7 +44,9 @@ def progress_calls(comfy_pack) -> list[tuple]:
     import comfy.utils
 
     calls: list[tuple] = []
-    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: calls.append((value, total, preview)))
+    comfy.utils.set_progress_bar_global_hook(
+        lambda value, total, preview, node_id=None: calls.append((value, total, preview))
+    )
     yield calls
     comfy.utils.set_progress_bar_global_hook(None)
 

@@ -143,7 +143,9 @@ def ui_errors(workflow: dict, schemas: dict[str, dict]) -> list[str]:
             errors.append(f"{where}: joins missing nodes {origin_id} -> {target_id}")
             continue
         if origin_slot >= len(origin.get("outputs", [])) or target_slot >= len(target.get("inputs", [])):
-            errors.append(f"{where}: joins slots that do not exist, {origin_id}:{origin_slot} -> {target_id}:{target_slot}")
+            errors.append(
+                f"{where}: joins slots that do not exist, {origin_id}:{origin_slot} -> {target_id}:{target_slot}"
+            )
             continue
         if link_id not in (origin["outputs"][origin_slot].get("links") or []):
             errors.append(f"{where}: not listed by node {origin_id}'s output {origin_slot}")
@@ -156,7 +158,9 @@ def ui_errors(workflow: dict, schemas: dict[str, dict]) -> list[str]:
             # The frontend marks a link with the output's type, or "*" when it ends at an any-type input.
             marks = {output_kind, "*"} if _kind(input_kind) == "*" else {output_kind}
             if kind not in marks or not _accepts(input_kind, output_kind):
-                errors.append(f"{where}: {output_kind} into {target_input['name']} ({_kind(input_kind)}), marked {kind}")
+                errors.append(
+                    f"{where}: {output_kind} into {target_input['name']} ({_kind(input_kind)}), marked {kind}"
+                )
     return errors
 
 
@@ -166,7 +170,9 @@ def ui_to_api(workflow: dict, schemas: dict[str, dict]) -> dict:
     prompt = {}
     for node in workflow["nodes"]:
         widgets = [name for name, _ in _widgets(schemas[node["type"]])]
-        inputs = {name: value for name, value in zip(widgets, node.get("widgets_values", []), strict=True) if "." not in name}
+        inputs = {
+            name: value for name, value in zip(widgets, node.get("widgets_values", []), strict=True) if "." not in name
+        }
         for slot in node.get("inputs", []):
             if slot.get("link") is not None:
                 _, origin_id, origin_slot, *_ = links[slot["link"]]

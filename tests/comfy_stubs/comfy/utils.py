@@ -6,7 +6,8 @@ As in ComfyUI, a bar captures the hook when it is made (the server sets one; out
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PROGRESS_BAR_HOOK: Callable[..., Any] | None = None
 
