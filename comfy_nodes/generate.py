@@ -19,8 +19,8 @@ MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF  # what torch.Generator.manual_seed accepts, as
 class RowProgress:
     """The pipeline's per-row callback: honour ComfyUI's Cancel, then advance its progress bar with a preview.
 
-    The interrupt is checked here, between forward passes, because the progress hook that also checks it is
-    throttled in newer ComfyUI versions.
+    The interrupt is checked here, after each committed row (so between forward passes), because the progress
+    hook that also checks it is throttled in newer ComfyUI versions.
     """
 
     def __init__(self, rows: int, preview: bool):

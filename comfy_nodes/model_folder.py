@@ -12,10 +12,11 @@ from pathlib import Path
 
 import folder_paths
 
+from ssd_pipelines.hub import HEADS_CLASS
+
 FOLDER = "ssd"
 BUNDLED_NAME = "ssd-reference"
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
-HEADS_CLASS = "DraftHeads"
 
 
 def register_model_folder() -> None:
