@@ -17,6 +17,7 @@ from pathlib import Path
 import PIL.Image
 import torch
 
+from .benchmarks import format_rates
 from .decoding import STRATEGIES
 
 HUB_MODEL = "ssd-pipelines/ssd-reference"
@@ -59,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
+    if args.rounds is not None and args.decoding != "ssd":
+        parser.error(f"--rounds applies to --decoding ssd only ({args.decoding} decides its own rounds)")
+    if args.vertical_rows is not None and args.decoding == "ar":
+        parser.error("--vertical-rows applies to --decoding ssd or exact (ar drafts nothing)")
     if args.num_images < 1:
         parser.error(f"--num-images must be >= 1, got {args.num_images}")
     check_out(parser, args)
@@ -95,8 +100,8 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
         top_p=args.top_p,
         generator=torch.Generator().manual_seed(args.seed),  # on the CPU: the same seed gives the same codes anywhere
         decoding=decoding,
-        verify_rounds=args.rounds if decoding == "ssd" else None,
-        vertical_rows=args.vertical_rows if decoding != "ar" else None,
+        verify_rounds=args.rounds if decoding == args.decoding else None,  # --compare's ar takes neither
+        vertical_rows=args.vertical_rows if decoding == args.decoding else None,
     )
     paths = output_paths(args.out, len(out.images), "" if decoding == args.decoding else f"-{decoding}")
     for image, path in zip(out.images, paths):
@@ -105,7 +110,7 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
 
 
 def describe(stats: dict, files: list[str]) -> str:
-    acceptance = ", ".join("-" if a is None else f"{a:.2f}" for a in stats["acceptance_per_round"]) or "-"
+    acceptance = format_rates(stats["acceptance_per_round"])
     return (
         f"{stats['strategy']}: {stats['forward_passes']} forward passes, {stats['seconds']:.2f} s, "
         f"acceptance per round {acceptance} -> {', '.join(files)}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from safetensors import SafetensorError
 from .heads import DraftHeads
 
 HEADS_CLASS = DraftHeads.__name__
-WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, json.JSONDecodeError)
+# What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
+WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, ValueError, json.JSONDecodeError)
 PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
 
 
@@ -97,7 +99,7 @@ def load_heads(folder: str | Path) -> DraftHeads:
         heads, info = DraftHeads.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except WEIGHTS_FAULTS as error:
         raise ValueError(
-            f"could not load drafting heads from {folder}: {_first_line(error)}. The heads need config.json and "
+            f"could not load drafting heads from {folder}: {loading_error(error)}. The heads need config.json and "
             "diffusion_pytorch_model.safetensors that match it; re-download them (force_download=True) or re-save them."
         ) from error
     check_heads_complete(heads, folder, missing=info["missing_keys"])
@@ -115,9 +117,11 @@ def check_heads_complete(heads: DraftHeads, folder, missing: list[str] = ()) -> 
         )
 
 
-def _first_line(error: Exception) -> str:
-    """diffusers' size-mismatch error goes on to advise `ignore_mismatched_sizes`, which would give random heads."""
-    return str(error).split("\n")[0].split(" You may consider")[0].rstrip(". ")
+def loading_error(error: Exception) -> str:
+    """A loader's message without its advice to pass `ignore_mismatched_sizes`, which would give random weights."""
+    sentences = re.split(r"(?<=[.!])\s+", str(error).strip())
+    advice = ("ignore_mismatched_sizes", "low_cpu_mem_usage", "For more information")
+    return " ".join(s for s in sentences if not any(a in s for a in advice)).rstrip(". ")
 
 
 def _check_hub_name(name: str, folder: Path) -> None:

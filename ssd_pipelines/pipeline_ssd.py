@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .backbones import ImageBackbone, adapter_for
 from .decoding import NEEDS_HEADS, STRATEGIES, UNDECODED, make_strategy
 from .heads import DraftHeads
-from .hub import WEIGHTS_FAULTS, check_components, check_heads_complete, load_heads, resolve_source
+from .hub import WEIGHTS_FAULTS, check_components, check_heads_complete, load_heads, loading_error, resolve_source
 from .sampling import SamplingConfig
 
 EXAMPLE_DOC_STRING = """
@@ -153,8 +153,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             pipe = super().from_pretrained(source.location, use_safetensors=True, **kwargs)
         except WEIGHTS_FAULTS as error:
             raise ValueError(
-                f"could not load the pipeline {name}: {error}. Its weights must be readable "
-                "safetensors files: re-download them (force_download=True) or re-save the pipeline."
+                f"could not load the pipeline {name}: {loading_error(error)}. Its weights must be readable "
+                "safetensors files that match their config.json: re-download them (force_download=True) or "
+                "re-save the pipeline."
             ) from error
         pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
         if pipe.heads is not None:

@@ -50,7 +50,7 @@ def tiny_llama(rows=2, cols=3, codebook_size=3, eol=True, seed=0, hidden_size=32
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max(256, rows * (cols + int(eol)) + 64),  # the image and a prompt fit
         bos_token_id=2,
         eos_token_id=3,
         pad_token_id=0,

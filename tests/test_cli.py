@@ -56,3 +56,36 @@ def test_exact_decoding_from_the_command_line(model_dir, tmp_path, capsys):
 def test_compare_needs_a_speculative_decoding(model_dir, tmp_path):
     with pytest.raises(SystemExit):
         main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "ar", "--compare"])
+
+
+def test_existing_files_are_not_overwritten_unless_asked(model_dir, tmp_path, capsys):
+    out = tmp_path / "img.png"
+    (tmp_path / "img-ar.png").write_bytes(b"keep me")
+    args = ["a", "--out", str(out), "--model", str(model_dir), "--compare"]
+    with pytest.raises(SystemExit):
+        main(args)
+    assert "img-ar.png already exist: pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "img-ar.png").read_bytes() == b"keep me" and not out.exists()
+    assert main([*args, "--overwrite"]) == 0
+    assert PIL.Image.open(tmp_path / "img-ar.png").size == (16, 16)
+
+
+@pytest.mark.parametrize("name", ["img.xyz", "img"])
+def test_an_image_type_pil_cannot_write_is_refused_before_generating(tmp_path, capsys, name):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / name), "--model", "never-loaded"])
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_rounds_for_a_decoding_without_them_is_refused(model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "exact", "--rounds", "1"])
+    assert "--rounds applies to --decoding ssd only (exact decides its own rounds)" in capsys.readouterr().err
+
+
+def test_a_pipeline_error_is_one_line_not_a_traceback(model_dir, tmp_path, capsys):
+    code = main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--vertical-rows", "3"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.endswith("ssd-generate: error: vertical_rows must be in 1..2 (the heads' vertical offsets), got 3.\n")
+    assert "Traceback" not in err

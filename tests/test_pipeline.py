@@ -131,6 +131,25 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"negative_prompt": ["x", "y"]}, "pass one per prompt"),
         ({"num_images_per_prompt": 0}, "`num_images_per_prompt` must be an integer >= 1, got 0"),
         ({"callback_on_step_end_tensor_inputs": ["latents"]}, r"\['latents'\] are not available"),
+        ({"prompt": 123}, "must be a non-empty string or a list of them, got 123"),
+        ({"prompt": ["a", 7]}, "must be a non-empty string or a list of them"),
+        ({"negative_prompt": 5}, "`negative_prompt` must be a string or a list of strings, got 5"),
+        ({"num_images_per_prompt": 1.5}, "`num_images_per_prompt` must be an integer >= 1, got 1.5"),
+        ({"verify_rounds": 2.5}, "`verify_rounds` must be an integer >= 0"),
+        ({"verify_rounds": -1}, "`verify_rounds` must be an integer >= 0"),
+        ({"vertical_rows": 3}, r"vertical_rows must be in 1..2 \(the heads' vertical offsets\), got 3"),
+        ({"height": 0}, "`height` must be an integer >= 1 or None for the model's own size, got 0"),
+        ({"width": 16.0}, "`width` must be an integer >= 1"),
+        ({"generator": [torch.Generator()]}, "`generator` must be one torch.Generator"),
+        ({"decoding": "exact", "verify_rounds": 2}, "verify_rounds applies to decoding='ssd' only .'exact' verifies"),
+        ({"decoding": "ar", "verify_rounds": 1}, "verify_rounds applies to decoding='ssd' only .'ar' does not"),
+        ({"decoding": "ar", "vertical_rows": 2}, "vertical_rows applies to the drafting decodings .exact, ssd."),
+        ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number, got nan"),
+        ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number, got inf"),
+        ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+        ({"top_p": float("nan")}, "top_p must be a finite number"),
+        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"top_k": 2.5}, "top_k must be a positive integer or None"),
     ],
 )
 def test_bad_input_says_what_to_change(pipe, kwargs, message):
@@ -164,3 +183,17 @@ def test_a_folder_that_is_neither_pipeline_nor_heads(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="neither an SSD pipeline"):
         SSDAutoregressivePipeline.from_pretrained(tmp_path)
+
+
+def test_a_long_prompt_is_cut_with_a_warning(pipe):
+    """16 cells + 4 end-of-line tokens, BOS and BOI leave 256 - 22 = 234 positions for the prompt."""
+    long = " ".join(["red"] * 300)
+    with pytest.warns(UserWarning, match="has 300 tokens and this model reads at most 234"):
+        cut = pipe(long, generator=torch.Generator().manual_seed(0), output_type="latent")
+    kept = pipe(" ".join(["red"] * 234), generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert torch.equal(cut.codes, kept.codes)
+
+
+def test_a_prompt_of_unknown_words_warns(pipe):
+    with pytest.warns(UserWarning, match="3 of the 4 tokens of the prompt 'a zebra on skis' are unknown"):
+        pipe("a zebra on skis", output_type="latent")

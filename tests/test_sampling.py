@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from ssd_pipelines.sampling import SamplingConfig, residual, sample, target_probs, verify_round
+from ssd_pipelines.testing import tiny_pipeline
 
 
 def test_greedy_is_one_hot_on_the_argmax():
@@ -70,3 +71,27 @@ def test_greedy_round_replaces_a_wrong_draft_by_the_target_argmax():
     tokens, _, accepted = verify_round(torch.tensor([[0, 1]]), q, p)
     assert tokens.tolist() == [[0, 2]]
     assert accepted.tolist() == [[True, False]]
+
+
+def test_sample_draws_each_code_with_its_probability_and_never_an_impossible_one():
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
+    codes = sample(probs.expand(200_000, -1), torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(codes, minlength=6).float() / codes.numel()
+    assert frequencies[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(frequencies, probs, atol=0.005, rtol=0)
+
+
+def test_sample_draws_from_the_generator_in_order():
+    probs = torch.full((4, 3, 8), 1 / 8)
+    first = sample(probs, torch.Generator().manual_seed(5))
+    assert torch.equal(first, sample(probs, torch.Generator().manual_seed(5)))
+    assert not torch.equal(first, sample(probs, torch.Generator().manual_seed(6)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("decoding", ["ar", "ssd", "exact"])
+def test_a_cpu_generator_drives_a_cuda_pipeline(decoding):
+    """Noise is drawn on the generator's device and moved, as diffusers' randn_tensor does."""
+    pipe = tiny_pipeline().to("cuda")
+    out = pipe("a red circle", decoding=decoding, generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert out.codes.device.type == "cuda" and (out.codes >= 0).all() and not out.interrupted

@@ -11,6 +11,7 @@ This is the test backbone of the library and the base of our reference model.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -113,10 +114,33 @@ class LlamaGridBackbone(CausalLMBackbone):
             return super().decode_codes(codes)
         return self._decode_codes(codes)
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Prompt tokens this model reads: what its tokenizer was made for, and what its positions leave beside
+        BOS, BOI and the image."""
+        positions = self.model.config.max_position_embeddings - self.grid.sequence_length - 2
+        return max(0, min(positions, self.tokenizer.model_max_length - 2))
+
     def prompt_token_ids(self, prompt: str) -> list[int]:
+        """Token ids of a prompt, cut to `max_prompt_tokens`; warns when it is cut or mostly unknown words."""
         if self.tokenizer is None:
             raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+        unknown = sum(i == self.tokenizer.unk_token_id for i in ids)
+        if ids and 2 * unknown > len(ids):
+            warnings.warn(
+                f"{unknown} of the {len(ids)} tokens of the prompt {prompt!r} are unknown to this model's tokenizer, "
+                "so the image will barely follow it: use words the model was trained on.",
+                stacklevel=2,
+            )
+        if len(ids) > self.max_prompt_tokens:
+            warnings.warn(
+                f"the prompt {prompt!r} has {len(ids)} tokens and this model reads at most {self.max_prompt_tokens}: "
+                f"only the first {self.max_prompt_tokens} are used. Shorten the prompt.",
+                stacklevel=2,
+            )
+            ids = ids[: self.max_prompt_tokens]
+        return ids
 
     def encode_prompts(
         self,

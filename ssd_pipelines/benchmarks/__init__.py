@@ -26,8 +26,9 @@ def report(lines: list[str], out: Path, title: str, command: str) -> None:
     out.write_text(f"# {title}\n\nMade by `{command}`.\n\n{table}\n")
 
 
-def format_rates(rates: list[float]) -> str:
-    return ", ".join(f"{r:.2f}" for r in rates) or "-"
+def format_rates(rates: list[float | None]) -> str:
+    """Acceptance per round; "-" for a round that verified no drafted cell."""
+    return ", ".join("-" if r is None else f"{r:.2f}" for r in rates) or "-"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -111,7 +111,7 @@ def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
     """Median seconds and passes for one image, every decoding run in turn on the same prompt and seed."""
     seconds: dict[str, list[float]] = {label: [] for label in DECODINGS}
     passes: dict[str, int] = {}
-    pipe("warm up", decoding="ar", guidance_scale=guidance, output_type="latent")
+    pipe(scenes[0].caption, decoding="ar", guidance_scale=guidance, output_type="latent")  # warm-up, untimed
     for repeat in range(repeats):
         prompt = scenes[repeat % len(scenes)].caption
         for label, options in DECODINGS.items():

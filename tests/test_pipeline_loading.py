@@ -1,0 +1,115 @@
+"""Loading what is broken or misnamed fails early, naming the file or folder and what to do."""
+
+import json
+
+import pytest
+import torch
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.hub import load_heads
+from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
+
+
+@pytest.fixture
+def saved(tmp_path):
+    folder = tmp_path / "pipe"
+    tiny_pipeline().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "remove, message",
+    [
+        ("backbone/config.json", r"backbone/config.json is missing \('backbone' needs it\)"),
+        ("vqvae/diffusion_pytorch_model.safetensors", "'vqvae' has no safetensors weights in"),
+        ("tokenizer/tokenizer_config.json tokenizer/tokenizer.json", r"tokenizer/tokenizer_config.json is missing"),
+    ],
+)
+def test_a_missing_component_file_is_named_before_loading(saved, remove, message):
+    """Without backbone/config.json, transformers would build a default 7B Llama and exhaust memory."""
+    for name in remove.split():
+        (saved / name).unlink()
+    with pytest.raises(ValueError, match=f"could not load the pipeline .*{message}"):
+        SSDAutoregressivePipeline.from_pretrained(saved)
+
+
+@pytest.mark.parametrize("name", ["./no-such-model", "/definitely/not/here", "~/nope", "a/b/c"])
+def test_a_path_that_does_not_exist_says_no_such_folder(name):
+    with pytest.raises(ValueError, match=f"no such folder: {name}"):
+        SSDAutoregressivePipeline.from_pretrained(name)
+
+
+def test_a_path_to_a_file_asks_for_its_folder(saved):
+    with pytest.raises(ValueError, match="model_index.json is a file: pass the folder that holds model_index.json"):
+        SSDAutoregressivePipeline.from_pretrained(saved / "model_index.json")
+
+
+def test_pickles_are_refused_by_name(saved):
+    with pytest.raises(ValueError, match="load only safetensors weights"):
+        SSDAutoregressivePipeline.from_pretrained(saved, use_safetensors=False)
+
+
+def fewer_offsets_than_promised(folder):
+    """Heads saved with one vertical offset whose config promises two."""
+    backbone = tiny_backbone(rows=4, cols=4, codebook_size=8)
+    tiny_heads(backbone, vertical=(1,)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vertical_offsets": [1, 2]}))
+
+
+def test_heads_whose_config_promises_more_offsets_than_the_weights_hold(tmp_path, saved):
+    fewer_offsets_than_promised(tmp_path / "heads")
+    with pytest.raises(ValueError, match=r"heads in .*heads are incomplete: .* \(vertical.1.down.weight"):
+        load_heads(tmp_path / "heads")
+    pipe = SSDAutoregressivePipeline.from_pretrained(saved)
+    with pytest.raises(ValueError, match="are incomplete"):
+        pipe.load_heads(tmp_path / "heads")
+    fewer_offsets_than_promised(saved / "heads")  # the same, inside a pipeline folder: refused at load
+    with pytest.raises(ValueError, match="drafting heads in .*pipe/heads are incomplete"):
+        SSDAutoregressivePipeline.from_pretrained(saved)
+
+
+def test_heads_whose_sizes_do_not_match_their_config(tmp_path):
+    tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 16, "embed_size": 16}))
+    with pytest.raises(ValueError, match="could not load drafting heads from .*match it") as caught:
+        load_heads(tmp_path)
+    assert "ignore_mismatched_sizes" not in str(caught.value)  # that advice would give random heads
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("decoding", ["ar", "ssd", "exact"])
+def test_every_decoding_runs_however_the_pipeline_is_loaded(tmp_path, dtype, decoding):
+    """Weights stored in fp16 (as the reference model ships) load in float32 unless asked, all components alike."""
+    stored = tiny_pipeline()
+    stored.to(torch.float16).save_pretrained(tmp_path)
+    pipe = SSDAutoregressivePipeline.from_pretrained(tmp_path, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    expected = dtype or torch.float32
+    assert {pipe.backbone.dtype, pipe.heads.dtype, pipe.vqvae.dtype} == {expected}
+    out = pipe("a red circle", decoding=decoding, generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (1, 16, 16, 3) and not out.interrupted
+
+
+@pytest.mark.parametrize("decoding", ["ar", "ssd", "exact"])
+def test_to_a_dtype_moves_every_component(decoding):
+    pipe = tiny_pipeline().to(torch.bfloat16)
+    assert {pipe.backbone.dtype, pipe.heads.dtype, pipe.vqvae.dtype} == {torch.bfloat16}
+    out = pipe("a red circle", decoding=decoding, generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (1, 16, 16, 3)
+
+
+def test_heads_in_another_dtype_than_the_backbone_still_draft():
+    pipe = tiny_pipeline()
+    pipe.backbone.to(torch.bfloat16)
+    out = pipe("a red circle", decoding="ssd", generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert (out.codes >= 0).all()
+
+
+def test_a_pipeline_whose_heads_do_not_match_their_config(saved):
+    config = json.loads((saved / "heads" / "config.json").read_text())
+    (saved / "heads" / "config.json").write_text(json.dumps({**config, "intermediate_size": 8}))
+    with pytest.raises(ValueError, match="could not load the pipeline .*expected shape .*match their config") as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    assert "ignore_mismatched_sizes" not in str(caught.value)
