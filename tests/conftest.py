@@ -3,7 +3,11 @@ import torch
 
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
-pytest_plugins = ["hub_server", "demo_server"]  # `hub`: a loopback Hugging Face Hub; `demo_server`: the demo served
+pytest_plugins = [
+    "hub_server",  # the `hub` fixture: a loopback Hugging Face Hub
+    "demo_server",  # the Gradio demo served in a subprocess
+    "comfy_stubs.fixtures",  # the ComfyUI node pack loaded over stand-ins of ComfyUI's modules
+]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,65 @@
+"""ComfyUI's models/ssd/ folder: where users put SSD pipelines, plus the reference model this repository ships.
+
+An SSD pipeline is a folder (diffusers layout), not one file, so the listing walks the folders the way
+ComfyUI's own DiffusersLoader does, instead of `folder_paths.get_filename_list`, which lists files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import folder_paths
+
+from ssd_pipelines.hub import HEADS_CLASS
+
+FOLDER = "ssd"
+BUNDLED_NAME = "ssd-reference"
+BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
+
+
+def register_model_folder() -> None:
+    """Add models/ssd/ to ComfyUI's model folders (extra_model_paths.yaml may add more under the key `ssd`)."""
+    folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER))
+
+
+def models_folders() -> list[str]:
+    return folder_paths.get_folder_paths(FOLDER)
+
+
+def is_model(folder: str | Path) -> bool:
+    """A pipeline (model_index.json), or drafting heads whose config.json the library reads (they name their base)."""
+    folder = Path(folder)
+    if (folder / "model_index.json").is_file():
+        return True
+    config = folder / "config.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("_class_name") == HEADS_CLASS
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def list_models() -> list[str]:
+    """Every model under the ssd folders, as a path relative to its folder; then the bundled reference model."""
+    names: list[str] = []
+    for root in models_folders():
+        for current, subfolders, _files in os.walk(root, followlinks=True):
+            if current != root and is_model(current):
+                names.append(Path(os.path.relpath(current, root)).as_posix())
+                subfolders.clear()  # a pipeline's own heads/ folder is part of it, not a model of its own
+            subfolders.sort()
+    if BUNDLED_MODEL.is_dir() and BUNDLED_NAME not in names:
+        names.append(BUNDLED_NAME)
+    return list(dict.fromkeys(names))
+
+
+def locate(name: str) -> str | None:
+    """The folder a name from `list_models` stands for, or None when it names none."""
+    for root in models_folders():
+        candidate = Path(root) / name
+        if name and candidate.is_dir() and is_model(candidate):
+            return str(candidate)
+    if name == BUNDLED_NAME and BUNDLED_MODEL.is_dir():
+        return str(BUNDLED_MODEL)
+    return None

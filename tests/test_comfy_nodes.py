@@ -1,0 +1,220 @@
+"""The ComfyUI node pack, loaded as ComfyUI loads a custom-node folder, over stand-ins of ComfyUI's modules,
+executed on the reference model: node schemas, model folders, the loader's cache, the IMAGE contract,
+progress with previews, Cancel, codes and the acceptance map."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
+NODE_IDS = ["SSDPipelineLoader", "SSDGenerate", "SSDDecodeCodes", "SSDAcceptanceMap"]
+PROMPT = "a red circle left of a blue square"
+
+
+def generate_inputs(pipeline, **overrides) -> dict:
+    inputs = {
+        "pipeline": pipeline, "prompt": PROMPT, "negative_prompt": "", "seed": 7, "batch_size": 1, "guidance": 3.0,
+        "temperature": 1.0, "decoding": "ssd", "rounds": 1, "k_v": 1, "preview": False,
+    }  # fmt: skip
+    return inputs | overrides
+
+
+@pytest.fixture(scope="session")
+def nodes(comfy_pack) -> dict:
+    return {name: cls() for name, cls in comfy_pack.NODE_CLASS_MAPPINGS.items()}
+
+
+@pytest.fixture(scope="session")
+def pipeline(nodes):
+    (pipe,) = nodes["SSDPipelineLoader"].load(model="ssd-reference", dtype="float32", device="default")
+    return pipe
+
+
+def test_pack_exports_every_node_with_a_schema_comfyui_accepts(comfy_pack):
+    assert list(comfy_pack.NODE_CLASS_MAPPINGS) == NODE_IDS
+    assert set(comfy_pack.NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_IDS)
+    for name, cls in comfy_pack.NODE_CLASS_MAPPINGS.items():
+        schema = cls.INPUT_TYPES()
+        assert set(schema) <= {"required", "optional", "hidden"}, name
+        inputs = {**schema["required"], **schema.get("optional", {})}
+        for input_name, (kind, *options) in inputs.items():
+            assert isinstance(kind, (str, list)), (name, input_name)
+            assert options and options[0].get("tooltip"), f"{name}.{input_name} has no tooltip"
+        # ComfyUI calls FUNCTION with the inputs as keyword arguments: the names must match.
+        parameters = inspect.signature(getattr(cls, cls.FUNCTION)).parameters
+        assert set(parameters) - {"self"} == set(inputs), name
+        assert len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES) == len(cls.OUTPUT_TOOLTIPS), name
+        assert cls.DESCRIPTION and cls.CATEGORY == "SSD"
+
+
+def test_models_folder_is_registered_and_lists_pipelines_and_heads(comfy_pack, ssd_models):
+    import folder_paths
+
+    assert folder_paths.get_folder_paths("ssd") == [os.path.join(folder_paths.models_dir, "ssd")]
+    (ssd_models / "mine").symlink_to(REFERENCE)  # a pipeline; its heads/ subfolder is part of it
+    (ssd_models / "team" / "heads-v2").mkdir(parents=True)
+    (ssd_models / "team" / "heads-v2" / "config.json").write_text(json.dumps({"_class_name": "DraftHeads"}))
+    (ssd_models / "notes").mkdir()
+    (ssd_models / "notes" / "config.json").write_text("{}")
+
+    loader = comfy_pack.NODE_CLASS_MAPPINGS["SSDPipelineLoader"]
+    choices = loader.INPUT_TYPES()["required"]["model"][0]
+    assert choices == ["mine", "team/heads-v2", "ssd-reference"]
+
+
+def test_loader_reuses_the_loaded_pipeline(comfy_pack, nodes, pipeline, monkeypatch, ssd_models):
+    from ssd_pipelines import SSDAutoregressivePipeline
+
+    loads = []
+    original = SSDAutoregressivePipeline.from_pretrained
+    monkeypatch.setattr(
+        SSDAutoregressivePipeline,
+        "from_pretrained",
+        lambda *args, **kwargs: loads.append(args) or original(*args, **kwargs),
+    )
+    loader = nodes["SSDPipelineLoader"]
+    assert loader.load(model="ssd-reference", dtype="float32", device="default")[0] is pipeline
+    # ComfyUI's device is the CPU here, so naming it is the same pipeline.
+    assert loader.load(model="ssd-reference", dtype="float32", device="cpu")[0] is pipeline
+    assert loads == []
+
+    (ssd_models / "copy").symlink_to(REFERENCE)
+    other = loader.load(model="copy", dtype="float32", device="default")[0]
+    assert other is not pipeline and len(loads) == 1
+    by_path = loader.load(
+        model="ssd-reference", dtype="float32", device="default", path_or_repo_id=str(ssd_models / "copy")
+    )
+    assert by_path[0] is other
+    assert len(loads) == 1
+    assert other.backbone.dtype == torch.float32 and other.device.type == "cpu"
+
+
+def test_loader_names_a_missing_model(nodes, ssd_models):
+    with pytest.raises(ValueError, match="no SSD model 'gone'.*path_or_repo_id"):
+        nodes["SSDPipelineLoader"].load(model="gone", dtype="float32", device="default")
+
+
+def test_loader_offline_hub_id_says_how_to_get_it(nodes, ssd_models, hub, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError) as raised:
+        nodes["SSDPipelineLoader"].load(
+            model="ssd-reference", dtype="float32", device="default", path_or_repo_id="org/ssd-model"
+        )
+    message = str(raised.value)
+    assert message.startswith("'org/ssd-model' ")  # the library's own explanation comes first
+    assert f"hf download org/ssd-model --local-dir {ssd_models / 'ssd-model'}" in message
+
+
+def test_generate_returns_comfyui_images_codes_and_stats(nodes, pipeline):
+    images, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, batch_size=2))
+    # IMAGE: [B, H, W, C] float32 in 0..1 on the CPU, as SaveImage multiplies it by 255.
+    assert images.shape == (2, 64, 64, 3) and images.dtype == torch.float32 and images.device.type == "cpu"
+    assert images.is_contiguous() and 0.0 <= images.min() and images.max() <= 1.0
+    assert not torch.equal(images[0], images[1])
+    assert codes.codes.shape == codes.final_round.shape == (2, 16, 16) and codes.image_size == (64, 64)
+    assert codes.codes.min() >= 0 and set(codes.final_round.unique().tolist()) <= {0, 1, 2}
+    # docs/decoding.md: ssd with r = 1, k_v = 1 takes 36 passes on the 16 x 16 grid, whatever the batch.
+    assert stats.splitlines()[:4] == ["decoding: ssd", "images: 2", "forward passes: 36", "rows completed: 16"]
+    assert stats.splitlines()[5].startswith("acceptance per round: 0.")
+
+
+def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
+    images, codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ssd", rounds=2, k_v=2))
+    expected = pipeline(
+        PROMPT,
+        generator=torch.Generator().manual_seed(7),
+        decoding="ssd",
+        verify_rounds=2,
+        vertical_rows=2,
+        output_type="np",
+    )
+    np.testing.assert_array_equal(images.numpy(), expected.images)
+    assert torch.equal(codes.codes, expected.codes)
+    (decoded,) = nodes["SSDDecodeCodes"].decode(pipeline=pipeline, codes=codes)
+    torch.testing.assert_close(decoded, images)
+
+
+def test_each_decoding_gets_only_its_options(nodes, pipeline):
+    # rounds is ssd's; k_v is not ar's: the node must not pass them where the pipeline refuses them.
+    _, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=3, k_v=2))
+    assert "forward passes: 256" in stats and codes.final_round.unique().tolist() == [0]
+    _, _, stats = nodes["SSDGenerate"].generate(
+        **generate_inputs(pipeline, decoding="exact", rounds=0, temperature=0.0)
+    )
+    assert "decoding: exact" in stats
+
+
+def test_progress_advances_per_row_with_a_row_preview(nodes, pipeline, progress_calls):
+    images, _, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, preview=True))
+    assert [(value, total) for value, total, _ in progress_calls] == [(row, 16) for row in range(1, 17)]
+    for value, _total, (kind, preview, max_size) in progress_calls:
+        assert kind == "PNG" and max_size is None and preview.size == (512, 512)
+        pixels = np.asarray(preview)
+        committed = value * 512 // 16  # each of the 16 rows is 32 preview pixels tall
+        assert pixels[:committed].max() > 0
+        assert value == 16 or pixels[committed:].max() == 0, "rows not committed yet are black"
+    last = np.asarray(progress_calls[-1][2][1])[::8, ::8]  # one preview pixel per image pixel
+    np.testing.assert_allclose(last / 255.0, images[0].numpy(), atol=1 / 255)
+
+
+def test_progress_without_preview_sends_none(nodes, pipeline, progress_calls):
+    nodes["SSDGenerate"].generate(**generate_inputs(pipeline, preview=False))
+    assert len(progress_calls) == 16 and all(preview is None for _, _, preview in progress_calls)
+
+
+def test_cancel_stops_decoding_between_rows(nodes, pipeline, progress_calls, comfy_interrupt):
+    import comfy.utils
+
+    def press_cancel_at_row_3(value, total, preview, node_id=None):
+        progress_calls.append((value, total, preview))
+        if value == 3:
+            comfy_interrupt.interrupt_current_processing()  # what POST /interrupt does
+
+    comfy.utils.set_progress_bar_global_hook(press_cancel_at_row_3)
+    with pytest.raises(comfy_interrupt.InterruptProcessingException):
+        nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar"))
+    assert [value for value, _, _ in progress_calls] == [1, 2, 3]
+    assert not comfy_interrupt.processing_interrupted()  # consumed, as ComfyUI's own check does
+    # The shared pipeline is unharmed: the next run completes.
+    comfy.utils.set_progress_bar_global_hook(None)
+    images, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline))
+    assert images.shape == (1, 64, 64, 3) and "rows completed: 16" in stats
+
+
+def test_acceptance_map_colours_cells_by_their_final_round(comfy_pack):
+    from importlib import import_module
+
+    codes_module = import_module(comfy_pack.__name__ + ".comfy_nodes.codes")
+    final_round = torch.tensor([[[-1, 0, 1, 2], [3, 4, 5, 9]]])  # [B=1, R=2, C=4]
+    codes = codes_module.SSDCodes(torch.zeros_like(final_round), final_round, (4, 8))
+    (image,) = codes_module.SSDAcceptanceMap().draw(codes=codes)
+    assert image.shape == (1, 4, 8, 3) and image.dtype == torch.float32
+    colours = codes_module.ROUND_COLOURS
+    for row, col, round_ in [(0, 0, -1), (0, 1, 0), (0, 2, 1), (0, 3, 2), (1, 0, 3), (1, 1, 4), (1, 2, 5), (1, 3, 5)]:
+        block = image[0, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2]  # each cell is 2 x 2 pixels here
+        assert torch.equal(block, torch.tensor(colours[round_][0]).expand(2, 2, 3)), (row, col)
+    assert all(line in codes_module.SSDAcceptanceMap.DESCRIPTION for _, line in colours.values())
+
+
+def test_acceptance_map_of_a_generation_matches_its_rounds(nodes, pipeline, comfy_pack):
+    from importlib import import_module
+
+    colours = import_module(comfy_pack.__name__ + ".comfy_nodes.codes").ROUND_COLOURS
+    images, codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, rounds=0, batch_size=2))
+    (image,) = nodes["SSDAcceptanceMap"].draw(codes=codes)
+    assert image.shape == images.shape
+    # With no verification a cell is either exact (the first of its block) or a kept draft.
+    assert codes.final_round.unique().tolist() == [0, 1]
+    assert (codes.final_round[:, 1:, 0] == 0).all()  # below the first row, each block starts a row
+    for b, r, c in np.ndindex(2, 16, 16):
+        cell = image[b, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4]  # 64 / 16 = 4 pixels a cell
+        assert torch.equal(cell, torch.tensor(colours[int(codes.final_round[b, r, c])][0]).expand(4, 4, 3))
