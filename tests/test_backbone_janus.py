@@ -1,11 +1,14 @@
 """Janus-Pro: our AR decoding against `JanusForConditionalGeneration.generate(generation_mode="image")`."""
 
+import json
+
 import pytest
 import torch
 from tiny_backbones import tiny_janus
 
-from ssd_pipelines import ARDecoding, SamplingConfig
+from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig
 from ssd_pipelines.backbones import JanusProBackbone
+from ssd_pipelines.training.distill import main
 
 PROMPTS = ["a red dog", "the blue cat in the rain"]  # different lengths: the batch is left-padded
 
@@ -57,3 +60,24 @@ def test_begin_of_image_comes_from_the_tokenizer_when_generation_kwargs_were_dro
     assert JanusProBackbone(model, tokenizer).boi_token_id == boi
     with pytest.raises(ValueError, match="begin-of-image"):
         JanusProBackbone(model)
+
+
+def test_distill_cli_trains_heads_on_a_saved_checkpoint(janus, tmp_path):
+    janus.model.save_pretrained(tmp_path / "janus")
+    janus.tokenizer.save_pretrained(tmp_path / "janus")
+    (tmp_path / "prompts.txt").write_text("a red dog\nthe cat in the rain\n")
+    options = ["--horizontal", "3", "--steps", "3", "--guidance", "5", "--images-per-prompt", "2"]
+    main(
+        [
+            "--model",
+            str(tmp_path / "janus"),
+            "--prompts",
+            str(tmp_path / "prompts.txt"),
+            "--out",
+            str(tmp_path / "heads"),
+            *options,
+        ]
+    )
+    heads = DraftHeads.from_pretrained(tmp_path / "heads")
+    assert heads.config.base_model == str(tmp_path / "janus") and heads.config.codebook_size == janus.grid.codebook_size
+    assert json.loads((tmp_path / "heads" / "distill_log.json").read_text())["processes"][0]["images"] == 4
