@@ -112,6 +112,12 @@ def check_checkpoint(folder: Path, name: str) -> None:
 
 def load_heads(folder: str | Path) -> DraftHeads:
     """Drafting heads from a folder, from safetensors only; damaged or incomplete weights say so."""
+    if not any(Path(folder).glob("*.safetensors")):
+        raise ValueError(
+            f"the drafting heads in {folder} have a config.json but no weights (diffusion_pytorch_model.safetensors): "
+            "a published heads repository without weights is not trained yet (see its model card); train them "
+            "with ssd_pipelines.training.distill, or pass heads that have weights."
+        )
     try:
         heads, info = DraftHeads.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except WEIGHTS_FAULTS as error:
