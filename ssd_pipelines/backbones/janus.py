@@ -56,14 +56,14 @@ class JanusProBackbone(CausalLMBackbone):
         self.pixels_per_code = 2 ** (len(vq.channel_multiplier) - 1)  # 16 for Janus-Pro's VQ-16
         self.hidden_size = self.embed_size = model.config.text_config.hidden_size
 
-    @staticmethod
-    def _begin_of_image_id(model: JanusForConditionalGeneration, tokenizer) -> int | None:
+    @classmethod
+    def _begin_of_image_id(cls, model: JanusForConditionalGeneration, tokenizer) -> int | None:
         """`generation_kwargs.boi_token_id`, which `generate` reads; transformers drops it when loading a
         generation_config.json marked `_from_model_config`, and then the tokenizer's `<begin_of_image>` is it."""
         boi = (getattr(model.generation_config, "generation_kwargs", None) or {}).get("boi_token_id")
         if boi is None and tokenizer is not None:
-            boi = tokenizer.convert_tokens_to_ids(JanusProBackbone.BEGIN_OF_IMAGE)
-            boi = None if boi == tokenizer.unk_token_id or boi is None else boi
+            found = tokenizer.convert_tokens_to_ids(cls.BEGIN_OF_IMAGE)
+            boi = found if found != tokenizer.unk_token_id else None
         return boi
 
     @classmethod
