@@ -38,12 +38,18 @@ class CodeTokens:
 
     def ids(self, codes: torch.Tensor) -> torch.Tensor:
         """Image codes [...] -> vocabulary ids [...]."""
-        return self.token_ids.to(codes.device)[codes]
+        return self._on(codes.device)[codes]
 
     def logits(self, normed: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """Normed hidden states [..., d] and the output head's weight [V, d] -> code logits [..., K]."""
         if self._run is not None:
             rows = head_weight[self._run]  # a view
         else:
-            rows = head_weight.index_select(0, self.token_ids.to(head_weight.device))
+            rows = head_weight.index_select(0, self._on(head_weight.device))
         return F.linear(normed, rows)
+
+    def _on(self, device: torch.device) -> torch.Tensor:
+        """The ids on `device`, moved there once rather than at every pass."""
+        if self.token_ids.device != device:
+            self.token_ids = self.token_ids.to(device)
+        return self.token_ids
