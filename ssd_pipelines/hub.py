@@ -1,8 +1,9 @@
-"""Finding what a name points at: a local folder or a Hub repository, a pipeline or drafting heads.
+"""Finding what a name points at: a local folder or a Hub repository; a pipeline, drafting heads, or the
+transformers checkpoint of a supported backbone (e.g. deepseek-community/Janus-Pro-7B).
 
 Only the two small config files are fetched to tell the kinds apart; then just
-the folders of the components that `model_index.json` names are downloaded,
-never pickled weights. Before anything is loaded, every component must have its
+the folders of the components that `model_index.json` names (or a checkpoint's
+configs, tokenizer and safetensors) are downloaded, never pickled weights. Before anything is loaded, every component must have its
 config and weights: transformers would otherwise build a default (7B) config for
 a model whose config.json is missing. Hub failures are turned into errors that
 say what to do.
@@ -28,17 +29,20 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 
+from .backbones import model_class_for
 from .heads import DraftHeads
 
 HEADS_CLASS = DraftHeads.__name__
 # What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
 WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, ValueError, json.JSONDecodeError)
 PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
+# A transformers checkpoint: configs, sharded safetensors and their index, tokenizer files, chat templates.
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
 
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "pipeline" or "heads"
+    kind: str  # "pipeline", "heads" or "checkpoint" (a supported backbone's transformers checkpoint)
     location: str  # a local folder holding the files
 
 
@@ -53,6 +57,8 @@ def resolve_source(name_or_path: str, **hub_options) -> Source:
     kind = _kind_of(probed, name_or_path)
     if kind == "heads":
         return Source(kind, _download(name_or_path, ["config.json", "*.safetensors"], **hub_options))
+    if kind == "checkpoint":
+        return Source(kind, _download(name_or_path, CHECKPOINT_FILES, **hub_options))
     components = [f"{name}/*" for name in pipeline_components(probed)]
     return Source(kind, _download(name_or_path, ["model_index.json", *components], **hub_options))
 
@@ -93,8 +99,25 @@ def check_components(folder: Path, name: str) -> None:
             )
 
 
+def check_checkpoint(folder: Path, name: str) -> None:
+    """Raise unless a transformers checkpoint has safetensors weights (pickled ones are never loaded)."""
+    if not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
+        raise ValueError(
+            f"could not load {name}: {folder} has no safetensors weights"
+            + (f" (only {', '.join(pickled)}: pickled checkpoints are never loaded)" if pickled else "")
+            + ". Use a revision of the checkpoint that has safetensors, or convert it once and pass the folder."
+        )
+
+
 def load_heads(folder: str | Path) -> DraftHeads:
     """Drafting heads from a folder, from safetensors only; damaged or incomplete weights say so."""
+    if not any(Path(folder).glob("*.safetensors")):
+        raise ValueError(
+            f"the drafting heads in {folder} have a config.json but no weights (diffusion_pytorch_model.safetensors): "
+            "a published heads repository without weights is not trained yet (see its model card); train them "
+            "with ssd_pipelines.training.distill, or pass heads that have weights."
+        )
     try:
         heads, info = DraftHeads.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except WEIGHTS_FAULTS as error:
@@ -142,12 +165,15 @@ def _check_hub_name(name: str, folder: Path) -> None:
 def _kind_of(folder: Path, name: str) -> str:
     if (folder / "model_index.json").is_file():
         return "pipeline"
-    config = folder / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("_class_name") == HEADS_CLASS:
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    if config.get("_class_name") == HEADS_CLASS:
         return "heads"
+    if model_class_for(config.get("model_type", "")) is not None:
+        return "checkpoint"
     raise ValueError(
-        f"{name} is neither an SSD pipeline (no model_index.json) nor drafting heads "
-        f"(no config.json of {HEADS_CLASS}): pass a pipeline folder or repository, or heads whose config names their base model."
+        f"{name} is neither an SSD pipeline (no model_index.json), drafting heads (no config.json of {HEADS_CLASS}) "
+        "nor the transformers checkpoint of a supported backbone (Janus-Pro, Emu3, Lumina-mGPT): pass a pipeline "
+        "folder or repository, heads whose config names their base model, or such a checkpoint."
     )
 
 

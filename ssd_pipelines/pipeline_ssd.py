@@ -12,6 +12,8 @@ pipeline neither corrupt nor stop each other.
 
 from __future__ import annotations
 
+import importlib
+import json
 import numbers
 import threading
 from dataclasses import dataclass
@@ -25,12 +27,21 @@ import torch.nn.functional as F
 from diffusers import DiffusionPipeline, VQModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .backbones import ImageBackbone, adapter_for
+from .backbones import ImageBackbone, adapter_for, model_class_for
 from .decoding import NEEDS_HEADS, STRATEGIES, UNDECODED, make_strategy
 from .heads import DraftHeads
-from .hub import WEIGHTS_FAULTS, check_components, check_heads_complete, load_heads, loading_error, resolve_source
+from .hub import (
+    WEIGHTS_FAULTS,
+    check_checkpoint,
+    check_components,
+    check_heads_complete,
+    load_heads,
+    loading_error,
+    pipeline_components,
+    resolve_source,
+)
 from .sampling import SamplingConfig
 
 EXAMPLE_DOC_STRING = """
@@ -48,6 +59,7 @@ EXAMPLE_DOC_STRING = """
 """
 
 HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token")
+DEVICE_MAP_OPTIONS = ("device_map", "max_memory", "offload_folder")  # accelerate, through transformers
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
@@ -122,18 +134,23 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, heads=None, **kwargs):
-        """Load a pipeline folder or repository, or a heads repository whose config names its base model.
+        """Load a pipeline folder or repository, a heads repository whose config names its base model, or the
+        transformers checkpoint of a supported backbone (e.g. "deepseek-community/Janus-Pro-7B").
 
         heads: a `DraftHeads`, a folder or a repository id; replaces the pipeline's own heads.
         Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) pass through. `dtype` applies to
         every component; without it all load in float32 (weights may be stored in half precision), so that
         backbone, heads and VQ decoder always agree. Weights load from safetensors only.
+        device_map (with `max_memory`, `offload_folder`): how accelerate spreads the backbone over devices, e.g.
+        "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. vqvae: a VQ decoder for a
+        checkpoint that has none inside (Lumina-mGPT: `load_chameleon_vqgan`).
         """
         if kwargs.pop("use_safetensors", True) is not True:
             raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
         if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
             kwargs["dtype"] = torch.float32
         hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
+        placement = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
         name = str(pretrained_model_name_or_path)
         source = resolve_source(name, **hub_options)
         if source.kind == "heads":
@@ -147,22 +164,60 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                     f"the heads in {pretrained_model_name_or_path} do not name their base model: pass it, with heads=."
                 )
             hub_options.pop("revision", None)  # the revision was the heads'
-            return cls.from_pretrained(heads.config.base_model, heads=heads, **hub_options, **kwargs)
-        check_components(Path(source.location), name)
+            return cls.from_pretrained(heads.config.base_model, heads=heads, **hub_options, **placement, **kwargs)
+        if source.kind == "checkpoint":
+            pipe = cls._from_checkpoint(Path(source.location), name, placement, **kwargs)
+        else:
+            pipe = cls._from_pipeline_folder(Path(source.location), name, placement, **kwargs)
+        pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
+        if placement:
+            pipe._place_beside_backbone()
+        if heads is not None:
+            pipe.load_heads(heads, **hub_options)
+        return pipe
+
+    @classmethod
+    def _from_pipeline_folder(cls, folder: Path, name: str, placement: dict, **kwargs) -> SSDAutoregressivePipeline:
+        check_components(folder, name)
+        if placement and "backbone" not in kwargs:  # diffusers places whole components; a device map splits one
+            library, class_name = pipeline_components(folder)["backbone"]
+            model_class = getattr(importlib.import_module(library), class_name)
+            kwargs["backbone"] = _load_model(model_class, folder / "backbone", name, _dtype(kwargs), placement)
         try:
-            pipe = super().from_pretrained(source.location, use_safetensors=True, **kwargs)
+            pipe = super().from_pretrained(folder, use_safetensors=True, **kwargs)
         except WEIGHTS_FAULTS as error:
             raise ValueError(
                 f"could not load the pipeline {name}: {loading_error(error)}. Its weights must be readable "
                 "safetensors files that match their config.json: re-download them (force_download=True) or "
                 "re-save the pipeline."
             ) from error
-        pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
         if pipe.heads is not None:
-            check_heads_complete(pipe.heads, Path(source.location) / "heads")
-        if heads is not None:
-            pipe.load_heads(heads, **hub_options)
+            check_heads_complete(pipe.heads, folder / "heads")
         return pipe
+
+    @classmethod
+    def _from_checkpoint(
+        cls, folder: Path, name: str, placement: dict, vqvae: VQModel | None = None, **kwargs
+    ) -> SSDAutoregressivePipeline:
+        """A pipeline around a supported backbone's transformers checkpoint: its model and tokenizer, its own VQ
+        decoder (Janus-Pro, Emu3) or `vqvae` (Lumina-mGPT), no heads."""
+        dtype = _dtype(kwargs)
+        unknown = set(kwargs) - {"dtype", "torch_dtype"}
+        if unknown:
+            raise ValueError(f"unknown options for a transformers checkpoint: {sorted(unknown)}.")
+        check_checkpoint(folder, name)
+        model_class = model_class_for(json.loads((folder / "config.json").read_text())["model_type"])
+        backbone = _load_model(model_class, folder, name, dtype, placement)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return cls(backbone, tokenizer, None if vqvae is None else vqvae.to(dtype=dtype).eval())
+
+    def _place_beside_backbone(self) -> None:
+        """Heads and VQ decoder on the device of the backbone's last layer, where their inputs are computed."""
+        device = self.image_backbone.device
+        for name in ("heads", "vqvae"):
+            module = getattr(self, name)
+            if module is not None:
+                self.register_modules(**{name: module.to(device)})
 
     def load_heads(self, heads: DraftHeads | str | Path, **hub_options) -> None:
         """Plug drafting heads into the pipeline after checking they were made for this backbone."""
@@ -173,14 +228,16 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                     f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
                 )
             heads = load_heads(source.location)
-        heads.check_compatible(self.image_backbone)
+        backbone = self.image_backbone
+        heads = heads.to(device=backbone.device, dtype=self.backbone.dtype)  # beside the backbone's last layer
+        heads.check_compatible(backbone)
         base = heads.config.base_model
         ours = self.config.get("_name_or_path")
         if base and ours and not Path(ours).exists() and base != ours:
             raise ValueError(
                 f"these heads were trained for {base!r}, not for {ours!r}: load the heads trained for {ours!r}."
             )
-        self.register_modules(heads=heads.to(device=self.backbone.device, dtype=self.backbone.dtype))
+        self.register_modules(heads=heads)
 
     @property
     def image_backbone(self) -> ImageBackbone:
@@ -250,8 +307,11 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             )
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"unknown output_type {output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}.")
-        if output_type != "latent" and self.vqvae is None:
-            raise ValueError("this pipeline has no VQ decoder (vqvae): ask for output_type='latent' to get the codes.")
+        if output_type != "latent" and not self.image_backbone.can_decode:
+            raise ValueError(
+                "this pipeline has no VQ decoder (vqvae): ask for output_type='latent' to get the codes, or load "
+                "one (from_pretrained(..., vqvae=...))."
+            )
         unknown = set(callback_tensor_inputs) - set(self._callback_tensor_inputs)
         if unknown:
             raise ValueError(
@@ -267,7 +327,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         num_images_per_prompt: int = 1,
         height: int | None = None,
         width: int | None = None,
-        guidance_scale: float = 3.0,
+        guidance_scale: float | None = None,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -287,8 +347,10 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             prompt: what to draw; a list makes a batch.
             negative_prompt: fills the unconditional branch of guidance instead of the empty prompt.
             num_images_per_prompt: images drawn for each prompt, in the same batch.
-            height, width: must be what the backbone makes (its native grid); None takes them.
-            guidance_scale: classifier-free guidance; 1 disables it (no unconditional branch).
+            height, width: a size the backbone makes (one for Janus-Pro; Emu3 and Lumina-mGPT make several, see
+                `image_backbone.grid_for_size`); None takes its default.
+            guidance_scale: classifier-free guidance; 1 disables it (no unconditional branch). None takes the
+                backbone's own default (3 for the reference model, 5 Janus-Pro, 3 Emu3, 4 Lumina-mGPT).
             temperature, top_k, top_p: sampling; temperature 0 is greedy.
             generator: the only source of randomness (one `torch.Generator`, on any device).
             decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline).
@@ -320,11 +382,15 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         backbone = self.image_backbone
         # 1. The grid, the sampling path and the strategy
         grid = backbone.grid_for_size(height, width)
+        if guidance_scale is None:
+            guidance_scale = backbone.default_guidance_scale
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         options = {"verify_rounds": verify_rounds, "vertical_rows": vertical_rows, "window": window}
         strategy = make_strategy(decoding, self.heads, **{k: v for k, v in options.items() if v is not None})
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
-        batch = backbone.encode_prompts(prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance)
+        batch = backbone.encode_prompts(
+            prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance, grid=grid
+        )
         # 3. Decode, row by row
         self._interrupt = False
         with self.progress_bar(total=grid.rows) as progress:
@@ -357,14 +423,29 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         """
         if output_type not in OUTPUT_TYPES[:-1]:
             raise ValueError(f"unknown output_type {output_type!r}: choose one of {', '.join(OUTPUT_TYPES[:-1])}.")
-        if self.vqvae is None:
-            raise ValueError("this pipeline has no VQ decoder (vqvae): it cannot turn codes into pixels.")
         backbone = self.image_backbone
+        if not backbone.can_decode:
+            raise ValueError("this pipeline has no VQ decoder (vqvae): it cannot turn codes into pixels.")
         codes = codes.to(backbone.device)
         pixels = backbone.decode_codes(codes.clamp_min(0))  # [B, 3, H, W] in [0, 1]
-        decoded = (codes != UNDECODED)[:, None].to(pixels.dtype)  # [B, 1, R, C]
+        decoded = (codes != UNDECODED)[:, None].to(pixels)  # [B, 1, R, C], where the VQ decoder put the pixels
         pixels = pixels * F.interpolate(decoded, size=pixels.shape[-2:], mode="nearest")
         return self.image_processor.postprocess(pixels, output_type=output_type)
+
+
+def _dtype(kwargs: dict) -> torch.dtype:
+    return kwargs.get("dtype") or kwargs.get("torch_dtype")
+
+
+def _load_model(model_class, folder: Path, name: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
+    """A transformers model from safetensors, spread over devices by accelerate when `placement` has a device_map."""
+    try:
+        return model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **placement).eval()
+    except WEIGHTS_FAULTS as error:
+        raise ValueError(
+            f"could not load the backbone of {name}: {loading_error(error)}. Its weights must be readable "
+            "safetensors files that match its config.json: re-download them (force_download=True)."
+        ) from error
 
 
 def _as_prompt_list(prompt) -> list:

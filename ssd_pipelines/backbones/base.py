@@ -5,6 +5,10 @@ end-of-line token after every row, and asks the adapter five things: run tokens
 through the model (appending to a KV cache it can rewind), map pre-norm hidden
 states to image-codebook logits, embed codes, build the prompt batch, and turn a
 grid of codes into pixels. Adapters never draft; strategies never know a model.
+
+Whatever a model writes before its first code for a given size (Emu3's "h*w"
+tokens, Lumina-mGPT's image start and size tokens) is part of the prompt batch:
+`encode_prompts` is told the grid, and the batch remembers it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class PromptBatch:
     attention_mask: torch.Tensor  # [B', P], 0 on left padding
     batch_size: int  # B: images generated
     guidance: bool
+    grid: ImageGrid | None = None  # the grid these prompts ask for; None: the backbone's native grid
 
     def __post_init__(self) -> None:
         expected = 2 * self.batch_size if self.guidance else self.batch_size
@@ -88,6 +93,10 @@ class ImageBackbone(ABC):
 
     hidden_size: int  # width of the pre-norm hidden states
     embed_size: int  # width of the input embeddings of image codes
+    default_guidance_scale: float = 3.0  # what the model's own pipeline uses when the caller names none
+    # Whether the model's transformers checkpoint, as published, is a whole backbone (weights, tokenizer, its own
+    # VQ decoder or none), so that `from_pretrained` can wrap it in a pipeline.
+    wraps_checkpoints: bool = False
 
     @property
     @abstractmethod
@@ -121,8 +130,10 @@ class ImageBackbone(ABC):
         negative_prompts: list[str] | None = None,
         num_images_per_prompt: int = 1,
         guidance: bool = False,
+        grid: ImageGrid | None = None,
     ) -> PromptBatch:
-        """Tokenize prompts into a batch that ends where the first image code goes."""
+        """Tokenize prompts into a batch that ends where the first image code of `grid` (default: the native
+        grid, else one from `grid_for_size`) goes."""
 
     @abstractmethod
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
@@ -153,6 +164,11 @@ class ImageBackbone(ABC):
     @abstractmethod
     def embed_token(self, token_id: int) -> torch.Tensor:
         """A vocabulary token forced into the grid (end-of-line) -> its input embedding [d_e]."""
+
+    @property
+    def can_decode(self) -> bool:
+        """Whether `decode_codes` has a VQ decoder to draw with."""
+        return False
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Grid of codes [B, R, C] -> images [B, 3, H, W] in [0, 1], through the model's VQ decoder."""

@@ -40,6 +40,15 @@ def _install_capture_hook(norm: nn.Module) -> None:
             norm._ssd_capture_hooked = True
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """The device a module computes on: its weights', or, when accelerate offloads them, its hook's."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device)
+    return next(module.parameters()).device
+
+
 class CausalLMBackbone(ImageBackbone):
     """An `ImageBackbone` whose forward passes run a transformers decoder (`decoder.norm` is its final norm)."""
 
@@ -50,7 +59,8 @@ class CausalLMBackbone(ImageBackbone):
 
     @property
     def device(self) -> torch.device:
-        return self.final_norm.weight.device
+        """Where the last layer runs: under an accelerate device map, the final norm's execution device."""
+        return execution_device(self.final_norm)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -78,8 +88,9 @@ class CausalLMBackbone(ImageBackbone):
         ids = prompts.input_ids.to(self.device)
         mask = prompts.attention_mask.to(self.device)
         padded = not bool(mask.all())
+        grid = prompts.grid or self.grid
         state = KVState(  # the cache holds at most the prompt and the whole image sequence
-            cache=preallocated_cache(ids.shape[1] + self.grid.sequence_length),
+            cache=preallocated_cache(ids.shape[1] + grid.sequence_length),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=ids.shape[1],

@@ -23,6 +23,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from ..vq import decode_codes
 from .base import ImageGrid, PromptBatch
 from .causal_lm import CausalLMBackbone
+from .prompts import check_prompt_request, left_padded_batch
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,10 @@ class LlamaGridBackbone(CausalLMBackbone):
     def embed_token(self, token_id: int) -> torch.Tensor:
         return self.decoder.embed_tokens.weight[token_id]
 
+    @property
+    def can_decode(self) -> bool:
+        return self._decode_codes is not None
+
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         if self._decode_codes is None:
             return super().decode_codes(codes)
@@ -148,31 +153,21 @@ class LlamaGridBackbone(CausalLMBackbone):
         negative_prompts: list[str] | None = None,
         num_images_per_prompt: int = 1,
         guidance: bool = False,
+        grid: ImageGrid | None = None,
     ) -> PromptBatch:
-        if isinstance(prompts, str) or not prompts:
-            raise ValueError("prompts must be a non-empty list of strings: pass at least one prompt.")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}.")
-        if negative_prompts is not None and len(negative_prompts) != len(prompts):
-            raise ValueError(
-                f"got {len(negative_prompts)} negative prompts for {len(prompts)} prompts: pass one per prompt."
-            )
-        if negative_prompts is not None and not guidance:
-            raise ValueError("a negative prompt only acts through guidance: set guidance_scale > 1 or drop it.")
+        check_prompt_request(prompts, negative_prompts, num_images_per_prompt, guidance)
         bos, pad, boi = self.model.config.bos_token_id, self._pad_token_id, self.tokens.boi_token_id
         cond = [self.prompt_token_ids(p) for p in prompts]
-        rows = [[bos, *ids, boi] for ids in cond for _ in range(num_images_per_prompt)]
+        uncond = None
         if guidance:
             uncond = (
                 [self.prompt_token_ids(n) for n in negative_prompts]
                 if negative_prompts
                 else [[pad] * len(i) for i in cond]
             )
-            rows += [[bos, *ids, boi] for ids in uncond for _ in range(num_images_per_prompt)]
-        width = max(map(len, rows))
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        return PromptBatch(input_ids, attention_mask, len(prompts) * num_images_per_prompt, guidance)
+        rows = [[bos, *ids, boi] for ids in cond]
+        uncond_rows = None if uncond is None else [[bos, *ids, boi] for ids in uncond]
+        return left_padded_batch(rows, uncond_rows, num_images_per_prompt, pad, grid)
 
     @property
     def _pad_token_id(self) -> int:

@@ -19,6 +19,8 @@ distribution make the averaged gradient that of one batch of
 CLI::
 
     accelerate launch -m ssd_pipelines.training.distill --model DIR --prompts prompts.txt --out heads/
+    accelerate launch --multi_gpu --num_processes 8 -m ssd_pipelines.training.distill \
+        --model deepseek-community/Janus-Pro-7B --dtype bfloat16 --guidance 5 ... (docs/backbones.md)
     python -m ssd_pipelines.training.distill --tiny-random --prompts prompts.txt --out /tmp/heads --steps 50
 
 Several CPU processes: ``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m ...``.
@@ -256,7 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--model", help="folder with backbone/ (LlamaForCausalLM with config.image_grid) and tokenizer/"
+        "--model",
+        help="a pipeline or a published backbone's checkpoint (folder or Hub id, e.g. deepseek-community/Janus-Pro-7B), "
+        "or a folder with backbone/ (LlamaForCausalLM with config.image_grid) and tokenizer/",
     )
     source.add_argument(
         "--tiny-random", action="store_true", help="TEST ONLY: a tiny random 6x6-grid backbone, for smoke tests"
@@ -387,17 +391,23 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.end_training()
 
 
-def load_backbone(
-    model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> ImageBackbone:
-    """A frozen backbone from DIR/backbone (LlamaForCausalLM) and DIR/tokenizer; to be replaced by the pipeline loader."""
+def load_backbone(model: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> ImageBackbone:
+    """A frozen backbone from whatever `SSDAutoregressivePipeline.from_pretrained` loads (a pipeline, or a
+    published backbone's transformers checkpoint such as deepseek-community/Janus-Pro-7B), or from a folder
+    holding backbone/ (LlamaForCausalLM) and tokenizer/, as the reference trainer writes it."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from ..backbones import LlamaGridBackbone
+    from ..pipeline_ssd import SSDAutoregressivePipeline
 
-    model = LlamaForCausalLM.from_pretrained(Path(model_dir) / "backbone", dtype=dtype).to(device).eval()
-    model.requires_grad_(False)
-    return LlamaGridBackbone(model, AutoTokenizer.from_pretrained(Path(model_dir) / "tokenizer"))
+    folder = Path(model)
+    if (folder / "backbone").is_dir() and not (folder / "model_index.json").is_file():
+        llama = LlamaForCausalLM.from_pretrained(folder / "backbone", dtype=dtype).to(device).eval()
+        llama.requires_grad_(False)
+        return LlamaGridBackbone(llama, AutoTokenizer.from_pretrained(folder / "tokenizer"))
+    pipe = SSDAutoregressivePipeline.from_pretrained(model, dtype=dtype).to(device)
+    pipe.backbone.requires_grad_(False)
+    return pipe.image_backbone
 
 
 if __name__ == "__main__":

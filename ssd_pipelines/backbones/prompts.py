@@ -1,0 +1,51 @@
+"""Prompt batches as every adapter builds them: the request checked, rows repeated per image, left padding.
+
+Adapters differ only in the token ids of one conditional and one unconditional
+row per prompt (their templates and guidance conventions); the batch layout
+the strategies rely on (conditional rows first, then their unconditional
+twins, left-padded) is made here once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import ImageGrid, PromptBatch
+
+
+def check_prompt_request(
+    prompts: list[str], negative_prompts: list[str] | None, num_images_per_prompt: int, guidance: bool
+) -> None:
+    """Raise a `ValueError` saying what to change if the request cannot make a batch."""
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings: pass at least one prompt.")
+    if num_images_per_prompt < 1:
+        raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}.")
+    if negative_prompts is not None and len(negative_prompts) != len(prompts):
+        raise ValueError(
+            f"got {len(negative_prompts)} negative prompts for {len(prompts)} prompts: pass one per prompt."
+        )
+    if negative_prompts is not None and not guidance:
+        raise ValueError("a negative prompt only acts through guidance: set guidance_scale > 1 or drop it.")
+
+
+def left_padded_batch(
+    conditional: list[list[int]],
+    unconditional: list[list[int]] | None,
+    num_images_per_prompt: int,
+    pad_token_id: int,
+    grid: ImageGrid | None = None,
+) -> PromptBatch:
+    """One row of token ids per prompt (and per prompt's unconditional twin, with guidance) -> a `PromptBatch`.
+
+    Each row is repeated `num_images_per_prompt` times; rows are left-padded with `pad_token_id`, which the
+    attention mask hides.
+    """
+    rows = [row for row in conditional for _ in range(num_images_per_prompt)]
+    if unconditional is not None:
+        rows += [row for row in unconditional for _ in range(num_images_per_prompt)]
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows])  # [B', P]
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # [B', P]
+    batch_size = len(conditional) * num_images_per_prompt
+    return PromptBatch(input_ids, attention_mask, batch_size, unconditional is not None, grid)

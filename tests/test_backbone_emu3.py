@@ -1,0 +1,84 @@
+"""Emu3: our AR decoding against `Emu3ForConditionalGeneration.generate` with its documented prefix constraint."""
+
+import pytest
+import torch
+from tiny_backbones import tiny_emu3
+
+from ssd_pipelines import ARDecoding, SamplingConfig
+from ssd_pipelines.backbones import Emu3Backbone
+
+PROMPTS = ["a red dog", "the blue cat in the rain"]
+
+
+@pytest.fixture(scope="module")
+def emu3():
+    model, tokenizer = tiny_emu3()
+    return Emu3Backbone(model, tokenizer, image_size=(6, 8))  # 3 x 4 codes
+
+
+def prefix_allowed_tokens_fn(backbone: Emu3Backbone):
+    """The constraint of the transformers Emu3 docs: codes, end-of-line after each row, then EOF, EOI, EOS."""
+    vocabulary, rows, cols = backbone.model.config.vocabulary_map, backbone.grid.rows, backbone.grid.cols
+    codes = backbone.model.vocabulary_mapping.image_tokens
+
+    def allowed(batch_id, input_ids):
+        offset = input_ids.shape[0] - torch.nonzero(input_ids == backbone.image_wrapper_token_id)[0, 0]
+        if offset % (cols + 1) == 0:
+            return [backbone.eol_token_id]
+        for extra, name in enumerate(("<|extra_201|>", "<|image end|>", "<eos>"), start=1):
+            if offset == (cols + 1) * rows + extra:
+                return [vocabulary[name]]
+        return codes
+
+    return allowed
+
+
+def generate(backbone: Emu3Backbone, prompt: str, negative: str | None, guidance: float) -> torch.Tensor:
+    """Emu3's own greedy image: [rows, cols] codes and the three tokens after the last row."""
+    batch = backbone.encode_prompts([prompt], None if negative is None else [negative], guidance=True)
+    rows, cols = backbone.grid.rows, backbone.grid.cols
+    sequence = backbone.model.generate(
+        input_ids=batch.input_ids[:1],
+        attention_mask=batch.attention_mask[:1],
+        negative_prompt_ids=batch.input_ids[1:],  # UnbatchedClassifierFreeGuidanceLogitsProcessor: a second forward
+        negative_prompt_attention_mask=batch.attention_mask[1:],
+        guidance_scale=guidance,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn(backbone),
+        do_sample=False,
+        max_new_tokens=rows * (cols + 1) + 3,
+    )
+    return sequence[0, batch.input_ids.shape[1] :]
+
+
+@pytest.mark.parametrize("negatives", [None, ["blue rain", "a dog"]])
+def test_greedy_ar_is_the_models_own_constrained_generation(emu3, negatives):
+    guidance = 3.0
+    batch = emu3.encode_prompts(PROMPTS, negatives, guidance=True)  # batched, left-padded, guidance batched too
+    ours = ARDecoding().decode(emu3, batch, SamplingConfig(temperature=0, guidance_scale=guidance)).codes
+    mapping = emu3.model.vocabulary_mapping
+    for i, prompt in enumerate(PROMPTS):
+        tokens = generate(emu3, prompt, None if negatives is None else negatives[i], guidance)
+        rows = tokens[:-3].view(emu3.grid.rows, emu3.grid.cols + 1)
+        assert (rows[:, -1] == emu3.eol_token_id).all()
+        assert torch.equal(mapping.convert_bpe2img(rows).long(), ours[i])
+        pixels = emu3.model.decode_image_tokens(image_tokens=tokens[None], height=emu3.grid.rows, width=emu3.grid.cols)
+        torch.testing.assert_close(emu3.decode_codes(ours[i : i + 1]), ((pixels + 1) / 2).clamp(0, 1))
+
+
+def test_prompts_end_with_the_processors_size_prefix(emu3):
+    batch = emu3.encode_prompts(["a red dog"], guidance=True)
+    tokenizer = emu3.tokenizer
+    size = [emu3.image_start_token_id, *tokenizer("3*4", add_special_tokens=False)["input_ids"]]
+    size.append(emu3.image_wrapper_token_id)
+    text = tokenizer("a red dog", add_special_tokens=False)["input_ids"]
+    assert batch.input_ids[0].tolist() == [tokenizer.bos_token_id, *text, *size]
+    assert batch.input_ids[1][batch.attention_mask[1].bool()].tolist() == [tokenizer.bos_token_id, *size]
+    assert emu3.grid.eol_token_id == emu3.model.vocabulary_mapping.eol_token_id and emu3.default_guidance_scale == 3.0
+
+
+def test_sizes_are_multiples_of_the_vq_models_code(emu3):
+    assert (emu3.grid_for_size(4, 10).rows, emu3.grid_for_size(4, 10).cols) == (2, 5)
+    with pytest.raises(ValueError, match="multiples of 2 pixels, not 5x8: pass e.g. height="):
+        emu3.grid_for_size(5, 8)
+    with pytest.raises(ValueError, match="reads at most 512"):
+        emu3.grid_for_size(64, 64)
