@@ -51,9 +51,7 @@ class Settings:
             "output_type": "pil",
         }
         if decoding == "ssd":
-            kwargs.update(verify_rounds=self.verify_rounds)
-        if decoding != "ar":
-            kwargs.update(vertical_rows=self.vertical_rows)
+            kwargs.update(verify_rounds=self.verify_rounds, vertical_rows=self.vertical_rows)
         return kwargs
 
 

@@ -56,7 +56,7 @@ def _decoding_changed(decoding: str):
     """Grey out the options a decoding does not take (the pipeline rejects them)."""
     return (
         gr.update(interactive=decoding == "ssd"),
-        gr.update(interactive=decoding != "ar"),
+        gr.update(interactive=decoding == "ssd"),
         gr.update(interactive=True) if decoding != "ar" else gr.update(interactive=False, value=False),
     )
 
@@ -96,7 +96,8 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
         ["ssd", "exact", "ar"],
         value="ssd",
         label="Decoding",
-        info="ssd: drafts verified a fixed number of rounds; exact: rounds until nothing changes (lossless); "
+        info="ssd: drafts verified a fixed number of rounds; exact: lossless, each pass verifies a row past the "
+        "cells already final; "
         "ar: one forward pass per code, the baseline.",
         elem_id="decoding",
     )
@@ -116,7 +117,7 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
             value=1,
             step=1,
             label="Rows per draft, k_v",
-            info="ssd, exact: more rows, fewer passes, fewer drafts kept.",
+            info="ssd: more rows, fewer passes, fewer drafts kept.",
             elem_id="vertical-rows",
         )
     c["compare"] = gr.Checkbox(

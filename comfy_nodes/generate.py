@@ -38,16 +38,13 @@ class RowProgress:
 
 
 def decoding_options(decoding: str, rounds: int, k_v: int) -> dict:
-    """Only the options a decoding takes: the pipeline refuses rounds outside ssd and k_v with ar."""
-    options = {} if decoding == "ar" else {"vertical_rows": k_v}
-    if decoding == "ssd":
-        options["verify_rounds"] = rounds
-    return options
+    """Only the options a decoding takes: the pipeline refuses rounds and k_v outside ssd."""
+    return {"verify_rounds": rounds, "vertical_rows": k_v} if decoding == "ssd" else {}
 
 
 def format_stats(stats: dict) -> str:
     """The pipeline's statistics, one per line, for a text preview node."""
-    acceptance = ", ".join(f"{rate:.2f}" for rate in stats["acceptance_per_round"]) or "-"
+    acceptance = ", ".join("-" if rate is None else f"{rate:.2f}" for rate in stats["acceptance_per_round"]) or "-"
     return "\n".join(
         [
             f"decoding: {stats['strategy']}",
@@ -128,7 +125,7 @@ class SSDGenerate:
                     list(DECODINGS),
                     {
                         "default": "ssd",
-                        "tooltip": "ssd: the paper's, `rounds` verification rounds per row. exact: lossless, rounds until nothing changes. ar: one code per forward pass.",
+                        "tooltip": "ssd: the paper's, `rounds` verification rounds per row. exact: lossless, a window of one row verified past each image's frontier of final cells. ar: one code per forward pass.",
                     },
                 ),
                 "rounds": (
@@ -146,7 +143,7 @@ class SSDGenerate:
                         "default": 1,
                         "min": 1,
                         "max": 16,
-                        "tooltip": "Rows drafted at once by the vertical heads (ssd and exact); at most what the heads were trained for.",
+                        "tooltip": "ssd only: rows drafted at once by the vertical heads; at most what the heads were trained for.",
                     },
                 ),
                 "preview": (

@@ -144,11 +144,11 @@ def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
 
 
 def test_each_decoding_gets_only_its_options(nodes, pipeline):
-    # rounds is ssd's; k_v is not ar's: the node must not pass them where the pipeline refuses them.
+    # rounds and k_v are ssd's: the node must not pass them where the pipeline refuses them.
     _, codes, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=3, k_v=2))
     assert "forward passes: 256" in stats and codes.final_round.unique().tolist() == [0]
     _, _, stats = nodes["SSDGenerate"].generate(
-        **generate_inputs(pipeline, decoding="exact", rounds=0, temperature=0.0)
+        **generate_inputs(pipeline, decoding="exact", rounds=0, k_v=2, temperature=0.0)
     )
     assert "decoding: exact" in stats
 

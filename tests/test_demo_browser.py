@@ -130,7 +130,8 @@ def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
     page.locator("#prompt textarea").fill(PROMPT)
     page.get_by_role("radio", name="ar").check()
     expect(page.locator("#compare input")).to_be_disabled()  # ar beside ar: nothing to compare
-    expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # rounds are ssd's
+    expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # rounds and k_v are ssd's
+    expect(page.locator("#vertical-rows input[type=number]")).to_be_disabled()
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text(re.compile(r"ar: \d+ of 16 rows decoded"), timeout=WAIT_MS)
     page.locator("#stop").click()
