@@ -149,6 +149,21 @@ class ImageBackbone(ABC):
         [B', n, d_h]. Rows advance at their own pace: what a row wrote beyond its next start is never seen."""
         raise NotImplementedError(f"{type(self).__name__} cannot advance the rows of a batch separately.")
 
+    def extend_at(
+        self,
+        state: KVState,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run input embeddings [B', n, d_e] at image positions positions [B', n] (what the position encoding
+        sees), writing their cache entries at image slots `slots` [B', n] (default: the positions), each token
+        attending to its row's prompt and to the image slots visible [B', n, T] marks (its own slot included);
+        return their pre-norm hidden states [B', n, d_h]. The general pass: tokens out of raster order (several
+        image rows at once), or a tree of candidates whose branches share a position at different slots."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run tokens at arbitrary positions.")
+
     @abstractmethod
     def rewind(self, state: KVState, length: int) -> None:
         """Drop everything the cache holds beyond `length` tokens."""

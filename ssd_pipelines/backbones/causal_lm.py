@@ -118,22 +118,33 @@ class CausalLMBackbone(ImageBackbone):
 
     @torch.no_grad()
     def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        n = embeds.shape[1]
-        offsets = torch.arange(n, device=embeds.device)
-        position_ids = state.prompt_lengths + starts[:, None] + offsets  # [B', n]
-        query_slots = state.prompt_width + starts[:, None] + offsets  # [B', n]
-        length = state.prompt_width + int(starts.max()) + n  # slots the pass attends over
-        slots = torch.arange(length, device=embeds.device)
-        visible = slots <= query_slots[..., None]  # [B', n, T]: causal, and blind to uncommitted slots beyond
-        if state.prompt_mask is not None:
-            real = torch.ones(embeds.shape[0], length, dtype=torch.bool, device=embeds.device)
-            real[:, : state.prompt_width] = state.prompt_mask.bool()
-            visible &= real[:, None, :]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=embeds.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        write_rows_at(state.cache, state.prompt_width + starts, length)
+        positions = starts[:, None] + torch.arange(embeds.shape[1], device=embeds.device)  # [B', n]
+        slots = torch.arange(int(positions.max()) + 1, device=embeds.device)
+        # causal, and blind to uncommitted slots beyond: [B', n, T]
+        return self.extend_at(state, embeds, positions, slots <= positions[..., None])
+
+    @torch.no_grad()
+    def extend_at(
+        self,
+        state: KVState,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        slots = positions if slots is None else slots
+        n, width = embeds.shape[1], visible.shape[-1]
+        position_ids = state.prompt_lengths + positions  # [B', n]
+        if state.prompt_mask is None:
+            prompt = visible.new_ones(embeds.shape[0], n, state.prompt_width)
+        else:
+            prompt = state.prompt_mask.bool()[:, None, :].expand(-1, n, -1)
+        allowed = torch.cat([prompt, visible], dim=-1)  # [B', n, P + T]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=embeds.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        write_rows_at(state.cache, state.prompt_width + slots, state.prompt_width + width)
         hidden = self._run(embeds, state, position_ids, mask[:, None])
-        state.length = length
+        state.length = state.prompt_width + width
         return hidden
 
     def rewind(self, state: KVState, length: int) -> None:

@@ -10,7 +10,8 @@ only if a hint of the final length was too small.
 Strategies whose images advance at different speeds write each batch row at its
 own slots instead (`write_rows_at`): a row's token at image position s always
 lives in slot prompt + s, so what a row has not committed is simply masked, and
-nothing is ever copied or cropped.
+nothing is ever copied or cropped. A pass may also write tokens at scattered
+slots (a tree of candidates, several image rows at once).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class PreallocatedLayer(DynamicLayer):
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = max(1, capacity)
-        self.row_starts: torch.Tensor | None = None  # [B]: the next update writes row b from this slot on
+        self.row_slots: torch.Tensor | None = None  # [B, n]: the next update writes row b's entries at these slots
         self.row_length = 0  # slots the next ragged update returns
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -53,7 +54,7 @@ class PreallocatedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.row_starts is not None:
+        if self.row_slots is not None:
             return self._update_rows(key_states, value_states)
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
@@ -65,12 +66,11 @@ class PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
     def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
-        """Write row b's n new entries at slots row_starts[b] ... + n - 1; return the first `row_length` slots."""
+        """Write row b's n new entries at slots row_slots[b]; return the first `row_length` slots."""
         if self.row_length > self.capacity:
             self._grow(self.row_length)
         batch, heads, n, dim = key_states.shape
-        slots = self.row_starts[:, None] + torch.arange(n, device=self.row_starts.device)  # [B, n]
-        index = slots[:, None, :, None].expand(batch, heads, n, dim)
+        index = self.row_slots[:, None, :, None].expand(batch, heads, n, dim)
         self._key_buffer.scatter_(2, index, key_states)
         self._value_buffer.scatter_(2, index, value_states)
         self.keys, self.values = (
@@ -80,10 +80,11 @@ class PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def write_rows_at(cache: Cache, row_starts: torch.Tensor, length: int) -> None:
-    """The next forward pass writes each batch row from its own slot, and attends over `length` slots."""
+def write_rows_at(cache: Cache, row_slots: torch.Tensor, length: int) -> None:
+    """The next forward pass writes batch row b's entries at slots row_slots[b] [B, n], and attends over `length`
+    slots."""
     for layer in cache.layers:
-        layer.row_starts, layer.row_length = row_starts, length
+        layer.row_slots, layer.row_length = row_slots, length
 
 
 def preallocated_cache(capacity: int) -> Cache:
