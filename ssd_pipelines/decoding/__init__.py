@@ -6,14 +6,24 @@ from ..heads import DraftHeads
 from .ar import ARDecoding
 from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
 from .exact import ExactDecoding
+from .gsd import GSDDecoding
+from .mtp1d import MTP1DDecoding
+from .sjd import SJDDecoding
+from .sjd_pac import SJDPACDecoding
 from .ssd import SSDDecoding
+from .zipar import ZipARDecoding
 
 STRATEGIES: dict[str, type[DecodingStrategy]] = {
     "ar": ARDecoding,
     "ssd": SSDDecoding,
     "exact": ExactDecoding,
+    "sjd": SJDDecoding,
+    "sjd-pac": SJDPACDecoding,
+    "gsd": GSDDecoding,
+    "mtp1d": MTP1DDecoding,
+    "zipar": ZipARDecoding,
 }
-NEEDS_HEADS = {"ssd", "exact"}
+NEEDS_HEADS = {"ssd", "exact", "mtp1d"}
 
 
 def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> DecodingStrategy:
@@ -35,7 +45,12 @@ __all__ = [
     "DecodeStats",
     "DecodingStrategy",
     "ExactDecoding",
+    "GSDDecoding",
+    "MTP1DDecoding",
     "RowCallback",
+    "SJDDecoding",
+    "SJDPACDecoding",
     "SSDDecoding",
+    "ZipARDecoding",
     "make_strategy",
 ]
