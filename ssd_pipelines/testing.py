@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from .backbones import GridTokens, LlamaGridBackbone
+from .decoding.sjd import random_codes
 from .heads import DraftHeads
 from .pipeline_ssd import SSDAutoregressivePipeline
 
@@ -63,6 +64,32 @@ def tiny_llama(rows=2, cols=3, codebook_size=3, eol=True, seed=0, hidden_size=32
 
 def tiny_backbone(**kwargs) -> LlamaGridBackbone:
     return LlamaGridBackbone(tiny_llama(**kwargs), tiny_tokenizer())
+
+
+def flat_backbone(**kwargs) -> LlamaGridBackbone:
+    """A tiny backbone whose every conditional is uniform (its final norm is zero), whatever the context.
+
+    Drafts whose q is uniform, as the heads' are on it, then match the target exactly and are always
+    accepted: the backbone of "perfect drafts", on which pass counts follow each method's formula.
+    """
+    backbone = tiny_backbone(**kwargs)
+    with torch.no_grad():
+        backbone.final_norm.weight.zero_()
+    return backbone
+
+
+def with_uniform_drafts(strategy_class: type) -> type:
+    """A window strategy (`decoding/window.py`) drafting uniformly random codes with a uniform q: on a
+    `flat_backbone` these are the model's own conditionals, so perfect drafts for SJD and GSD too."""
+
+    class UniformDrafts(strategy_class):
+        def draft(self, front, images, cells):
+            codebook = front.grid.codebook_size
+            codes = random_codes(len(cells), codebook, front.run.generator, cells.device)
+            front.set_drafts(images, cells, codes, torch.full((len(cells), codebook), 1 / codebook))
+
+    UniformDrafts.__name__ = f"{strategy_class.__name__}WithUniformDrafts"
+    return UniformDrafts
 
 
 def tiny_heads(backbone: LlamaGridBackbone, seed: int = 1, horizontal=(1, 2, 3, 4, 5), vertical=(1, 2)) -> DraftHeads:
