@@ -3,6 +3,7 @@
 ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
 ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
 ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
+ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ BENCHMARKS = {
     "exactness": "Distance to AR on an enumerable grid",
     "reference": "Reference model: adherence, speed",
     "sweep": "Reference model: AR adherence under sampling settings",
+    "peers": "SSD against AR and the published peers: speed, quality, scaling",
 }
 
 
