@@ -21,9 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ..backbones.base import ImageBackbone
-from ..decoding import ARDecoding, DecodingStrategy, ExactDecoding, SSDDecoding
+from ..decoding import (
+    ARDecoding,
+    DecodingStrategy,
+    ExactDecoding,
+    GSDDecoding,
+    MTP1DDecoding,
+    SJDDecoding,
+    SJDPACDecoding,
+    SSDDecoding,
+    ZipARDecoding,
+)
 from ..decoding.base import Block, both_branches
 from ..sampling import SamplingConfig, target_probs
 from ..testing import tiny_backbone, tiny_heads
@@ -140,6 +151,11 @@ def toy_strategies(heads) -> dict[str, DecodingStrategy]:
     strategies["ssd, no cap on rounds"] = SSDDecoding(heads, verify_rounds=None)
     for rounds in range(4):
         strategies[f"ssd r={rounds}"] = SSDDecoding(heads, verify_rounds=rounds)
+    strategies["sjd W=3"] = SJDDecoding(window=3)
+    strategies["sjd-pac W=9, tree 2 x 3"] = SJDPACDecoding(window=9, tree_width=2, tree_depth=3)
+    strategies["mtp1d"] = MTP1DDecoding(heads)
+    strategies["gsd W=3 (lossy)"] = GSDDecoding(window=3)
+    strategies["zipar w=1 (lossy)"] = ZipARDecoding(window=1)
     return strategies
 
 
@@ -154,9 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     sampling = SamplingConfig(temperature=1.0, guidance_scale=args.guidance)
     probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
     floor, spread = noise_floor(probs, args.samples)
+    strategies = toy_strategies(heads)
     rows = [
         measure(strategy, backbone, sampling, args.samples, seed, probs, label)
-        for seed, (label, strategy) in enumerate(toy_strategies(heads).items(), start=1)
+        for seed, (label, strategy) in enumerate(
+            tqdm(strategies.items(), total=len(strategies), desc="exactness", unit="strategy"), start=1
+        )
     ]
     grid = backbone.grid
     lines = [

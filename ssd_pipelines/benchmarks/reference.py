@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
@@ -34,11 +35,12 @@ DECODINGS: dict[str, dict] = {
 
 
 def adherence(
-    pipe, label: str, options: dict, scenes, images_per_prompt: int, batch_size: int, guidance: float
+    pipe, label: str, options: dict, scenes, images_per_prompt: int, batch_size: int, guidance: float, progress=None
 ) -> dict:
     """Generate every held-out prompt with one decoding; evaluator accuracy and mean statistics.
 
-    `batch_size` counts images per pipeline call; results are prompt-major.
+    `batch_size` counts images per pipeline call; results are prompt-major. `progress` (a tqdm bar) advances by
+    the images of each call.
     """
     images, accepted, drafted = [], [], []
     prompts_per_call = max(1, batch_size // images_per_prompt)
@@ -53,6 +55,8 @@ def adherence(
             **options,
         )
         images += list((out.images * 255).round().astype("uint8"))
+        if progress is not None:
+            progress.update(len(chunk) * images_per_prompt)
         accepted.append(out.stats["accepted_per_round"])
         drafted.append(out.stats["drafted_per_round"])
     rounds = max(map(len, drafted))
@@ -112,18 +116,20 @@ def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
     seconds: dict[str, list[float]] = {label: [] for label in DECODINGS}
     passes: dict[str, int] = {}
     pipe(scenes[0].caption, decoding="ar", guidance_scale=guidance, output_type="latent")  # warm-up, untimed
-    for repeat in range(repeats):
-        prompt = scenes[repeat % len(scenes)].caption
-        for label, options in DECODINGS.items():
-            out = pipe(
-                prompt,
-                guidance_scale=guidance,
-                generator=torch.Generator().manual_seed(repeat),
-                output_type="latent",
-                **options,
-            )
-            seconds[label].append(out.stats["seconds"])
-            passes[label] = out.stats["forward_passes"]
+    with tqdm(total=repeats * len(DECODINGS), desc="latency", unit="call") as progress:
+        for repeat in range(repeats):
+            prompt = scenes[repeat % len(scenes)].caption
+            for label, options in DECODINGS.items():
+                out = pipe(
+                    prompt,
+                    guidance_scale=guidance,
+                    generator=torch.Generator().manual_seed(repeat),
+                    output_type="latent",
+                    **options,
+                )
+                seconds[label].append(out.stats["seconds"])
+                passes[label] = out.stats["forward_passes"]
+                progress.update()
     return {label: {"seconds": statistics.median(s), "passes": passes[label]} for label, s in seconds.items()}
 
 
@@ -141,10 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
-    quality = [
-        adherence(pipe, label, o, scenes, args.images_per_prompt, args.batch_size, args.guidance)
-        for label, o in DECODINGS.items()
-    ]
+    with tqdm(total=len(DECODINGS) * len(scenes) * args.images_per_prompt, desc="adherence", unit="image") as bar:
+        quality = [
+            adherence(pipe, label, o, scenes, args.images_per_prompt, args.batch_size, args.guidance, bar)
+            for label, o in DECODINGS.items()
+        ]
     speed = latency(pipe, scenes, args.repeats, args.guidance)
     ar = speed["ar"]
     lines = [

@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
@@ -68,13 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     pipe.set_progress_bar_config(disable=True)
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
     scores = []
-    for setting in settings:
-        options = {"decoding": "ar", "temperature": setting["temperature"], "top_k": setting["top_k"] or None}
-        scores.append(
-            adherence(
-                pipe, describe(setting), options, scenes, args.images_per_prompt, args.batch_size, setting["guidance"]
+    with tqdm(total=len(settings) * len(scenes) * args.images_per_prompt, desc="sweep", unit="image") as progress:
+        for setting in settings:
+            options = {"decoding": "ar", "temperature": setting["temperature"], "top_k": setting["top_k"] or None}
+            scores.append(
+                adherence(
+                    pipe,
+                    describe(setting),
+                    options,
+                    scenes,
+                    args.images_per_prompt,
+                    args.batch_size,
+                    setting["guidance"],
+                    progress,
+                )
             )
-        )
     lines = [
         f"AR decoding, {args.prompts} held-out prompts, {args.images_per_prompt} image(s) each, the same seeds per setting.",
         "",
