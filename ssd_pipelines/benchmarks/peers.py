@@ -4,9 +4,10 @@ Every strategy runs on the same backbone, machine and run, its calls interleaved
 with the others' so that machine noise hits all alike:
 
 1. Speed: for batch sizes 1 to 64, each strategy decodes held-out prompts in
-   turn (repeated, median taken), until it has been slower than AR at two sizes
-   in a row (speculative decoding trades compute for latency, so it only falls
-   further behind). Forward passes and tokens are exact; seconds are not.
+   turn (repeated, median taken); past batch 8, only until it has been slower
+   than AR at two sizes in a row (speculative decoding trades compute for
+   latency, so it only falls further behind). Forward passes and tokens are
+   exact; seconds are not.
 2. Quality: the same held-out prompts and seeds under every strategy; adherence
    per GenEval task, the Fréchet distance of the scene classifier's features to
    real renders of held-out captions (the prompts' own among them), and the
@@ -36,8 +37,9 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_distance, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
+from ..vq import encode_images
 from . import format_rates, plots, report
-from .image_quality import generate, judge
+from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once
 from .scaling import SIDES, pass_counts
 
@@ -58,7 +60,6 @@ STRATEGIES: dict[str, tuple[str, dict]] = {
 # Lossless: sample exactly the AR distribution (tests/test_peers.py, tests/test_decoding_distribution.py).
 LOSSLESS = {"ar", "exact", "sjd", "sjd-pac", "mtp1d"}
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-REFERENCE_RENDERS = 1000  # real renders of held-out captions the Fréchet distance compares with
 GRID_PROMPTS = 6  # prompts in the image grid (each with all its images)
 
 
@@ -95,7 +96,7 @@ def speed(pipe, captions, sampling, sizes, repeats) -> dict[str, dict[int, dict]
             ar = calls["ar"][b]["seconds"]
             for label in list(active):
                 behind[label] = behind[label] + 1 if calls[label][b]["seconds"] >= ar and label != "ar" else 0
-                if behind[label] == 2:  # slower than AR at two sizes in a row: it only falls further behind
+                if behind[label] >= 2 and b >= 8:  # slower than AR at two sizes in a row: it only falls behind
                     active.remove(label)
                     later = [s for s in sizes if s > b]
                     progress.total -= sum(repeats_at(s, repeats) for s in later)
@@ -137,12 +138,18 @@ def quality(pipe, scenes, images_per_prompt, batch_size, sampling, net, referenc
     }
 
 
-def real_reference(net, renders: int, compared: int) -> tuple[np.ndarray, float]:
-    """Features of real renders of the first `renders` held-out captions (the prompts' own among them), and the
-    Fréchet distance to them of `compared` real renders of other held-out scenes: the floor of the measure."""
+def real_reference(pipe, net, renders: int, compared: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Features of real renders of the first `renders` held-out captions (the prompts' own among them), and two
+    floors of the measure: the Fréchet distance to them of `compared` real renders of other held-out scenes, and
+    of the same renders through the VQ tokenizer (encoded to codes and decoded), the best any decoding can do."""
     reference = image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(renders)])
-    others = [sample_scene(HELDOUT_SEED_START + 500_000 + i).image for i in range(compared)]
-    return reference, frechet_distance(image_features(net, others), reference)
+    others = np.stack([sample_scene(HELDOUT_SEED_START + 500_000 + i).image for i in range(compared)])
+    round_trip = to_uint8(pipe.image_backbone.decode_codes(encode_images(pipe.vqvae, others)))
+    floors = {
+        "real": frechet_distance(image_features(net, others), reference),
+        "tokenizer": frechet_distance(image_features(net, round_trip), reference),
+    }
+    return reference, floors
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per strategy up to batch 8 (median)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--sides", type=int, nargs="+", default=list(SIDES), help="grid sides of the scaling run")
+    parser.add_argument(
+        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
+    )
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--note", default="", help="what else ran on the machine, for the report")
@@ -170,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     sampling = SamplingConfig(temperature=1.0, guidance_scale=args.guidance)
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
     net = load_quality_net()
-    reference, floor = real_reference(net, max(REFERENCE_RENDERS, args.prompts), args.prompts * args.images_per_prompt)
+    reference, floors = real_reference(
+        pipe, net, max(args.reference_renders, args.prompts), args.prompts * args.images_per_prompt
+    )
 
     calls = speed(pipe, [s.caption for s in scenes], sampling, sorted(args.batch_sizes), args.repeats)
     judged = quality(pipe, scenes, args.images_per_prompt, args.quality_batch, sampling, net, reference)
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = {
         name: out_dir / f"benchmarks_{name}.png" for name in ("speed_quality", "throughput", "scaling", "images")
     }
-    rows = summary_rows(calls, judged, floor)
+    rows = summary_rows(calls, judged, floors["real"])
     plots.speed_quality(rows, figures["speed_quality"])
     plots.throughput(
         {label: {b: c["seconds"] for b, c in per.items()} for label, per in calls.items()}, figures["throughput"]
@@ -202,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         + (f"; {args.note}" if args.note else "")
         + f". Run {started:%Y-%m-%d %H:%M}, {minutes:.0f} minutes."
     )
-    lines = render(rows, calls, judged, scaling, args, machine, floor, figures)
+    lines = render(rows, calls, judged, scaling, args, machine, floors, figures)
     report(lines, args.out, "SSD against AR and the published peers", "ssd-bench peers")
 
 
@@ -240,7 +252,7 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
 
-def render(rows, calls, judged, scaling, args, machine, floor, figures) -> list[str]:
+def render(rows, calls, judged, scaling, args, machine, floors, figures) -> list[str]:
     """The report: tables, targets and figures."""
     by_label = {row["label"]: row for row in rows}
     ar, sjd = by_label["ar"], by_label["sjd"]
@@ -259,9 +271,10 @@ def render(rows, calls, judged, scaling, args, machine, floor, figures) -> list[
             "memory the call allocated above what was live before it, at batch 8 (MiB; resident set on CPU). "
             "Acceptance: drafted cells kept at each cell's 1st, 2nd, 3rd verification. Quality on "
             f"{args.prompts} held-out prompts x {args.images_per_prompt} images, {args.quality_batch} images a call, "
-            f"the same seeds for every strategy; Fréchet distance to {REFERENCE_RENDERS} real renders of held-out "
-            f"captions (real renders of other held-out scenes: {floor:.0f}); token distance: total variation between "
-            "the strategy's and AR's code frequencies."
+            f"the same seeds for every strategy; Fréchet distance to {args.reference_renders} real renders of held-out "
+            f"captions (floors: real renders of other held-out scenes {floors['real']:.0f}; the same renders through "
+            f"the VQ tokenizer, encoded and decoded, {floors['tokenizer']:.0f}); token distance: total variation "
+            "between the strategy's and AR's code frequencies."
         ),
         "",
         (
@@ -291,9 +304,9 @@ def render(rows, calls, judged, scaling, args, machine, floor, figures) -> list[
         "## Throughput against batch size",
         "",
         (
-            "Seconds per image; a strategy stops being measured once it has been slower than AR at two sizes in a "
-            "row. Speculative decoding spends compute to save passes: once a batch fills the machine, the extra "
-            "tokens cost more than the passes saved."
+            "Seconds per image; past batch 8 a strategy stops being measured once it has been slower than AR at two "
+            "sizes in a row. Speculative decoding spends compute to save passes: once a batch fills the machine, the "
+            "extra tokens cost more than the passes saved."
         ),
         "",
         "| strategy | " + " | ".join(f"b={b}" for b in sorted(args.batch_sizes)) + " | where it stops beating AR |",
@@ -365,6 +378,11 @@ def targets(by_label: dict[str, dict]) -> list[str]:
             f"- `ssd` r=1 Fréchet {ssd['frechet']:.0f} at {ssd['passes']:.0f} passes against `{peer['label']}` "
             f"{peer['frechet']:.0f} at {peer['passes']:.0f} passes (target: better at equal or fewer passes): {verdict}."
         )
+    exact = by_label["exact"]
+    lines.append(
+        f"- For comparison, SSD's lossless mode: `exact` Fréchet {exact['frechet']:.0f} (AR {by_label['ar']['frechet']:.0f})"
+        f" at {exact['passes']:.0f} passes."
+    )
     return lines
 
 

@@ -159,8 +159,8 @@ def scaling(counts: dict[str, dict[str, dict[int, float]]], out: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("forward passes per image (log)")
     handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.885, 0.5), fontsize=8)
     fig.savefig(out)
     plt.close(fig)
 
