@@ -353,7 +353,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 backbone's own default (3 for the reference model, 5 Janus-Pro, 3 Emu3, 4 Lumina-mGPT).
             temperature, top_k, top_p: sampling; temperature 0 is greedy.
             generator: the only source of randomness (one `torch.Generator`, on any device).
-            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline).
+            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline); or a published peer with its
+                published defaults: "sjd", "sjd-pac", "gsd", "zipar", "mtp1d" (docs/decoding.md).
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
                 unverified). Rounds stop early once a round rejects nothing in every image.
             vertical_rows: "ssd" only: rows drafted at once by the vertical heads (k_v, default 1).
