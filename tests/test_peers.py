@@ -62,7 +62,7 @@ def test_grouped_acceptance_gives_up_the_ar_distribution():
 def test_a_wrong_recursive_check_is_caught(monkeypatch):
     """Judging each further candidate against p itself rather than the residual its rejected siblings left."""
     monkeypatch.setattr(tree_module, "residual", lambda p, q: p)
-    row = g_of(lambda heads: SJDPACDecoding(window=9, tree_width=2, tree_depth=3), seed=64)
+    row = g_of(lambda heads: SJDPACDecoding(window=7, tree_width=3, tree_depth=2), toy_setup(eol=False), seed=64)
     assert row.g.statistic > 3 * row.g.bound, row.g
 
 
