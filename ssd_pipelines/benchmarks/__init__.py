@@ -3,6 +3,7 @@
 ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
 ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
 ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
+ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ BENCHMARKS = {
     "exactness": "Distance to AR on an enumerable grid",
     "reference": "Reference model: adherence, speed",
     "sweep": "Reference model: AR adherence under sampling settings",
+    "window": "Reference model: exact's speed against its window size",
 }
 
 

@@ -38,6 +38,7 @@ class DecodeStats:
     strategy: str
     images: int
     forward_passes: int = 0  # backbone passes, the prompt prefill included
+    positions_processed: int = 0  # image positions each image ran through the backbone, summed over passes
     rows_completed: int = 0
     interrupted: bool = False  # stopped before the last row: rows from rows_completed on are UNDECODED
     drafted_per_round: list[int] = field(default_factory=list)
@@ -223,6 +224,7 @@ class DecodeRun:
     def forward(self, state: KVState, block: Block, codes: torch.Tensor) -> torch.Tensor:
         """One backbone pass over a block's codes [B, n_cells] -> output hidden states [B', n_pos, d]."""
         self.stats.forward_passes += 1
+        self.stats.positions_processed += block.num_positions
         return self.backbone.extend(state, block.embed(self.backbone, both_branches(codes, self.prompts.guidance)))
 
     def rows_committed(self, up_to_row: int) -> None:
