@@ -66,8 +66,10 @@ def table(results: dict[str, dict], batch: int) -> list[str]:
     lines = [
         f"Batch {batch} (seconds per image):",
         "",
-        "| decoding | passes | fewer passes than AR | positions / image | seconds / image | speedup | "
-        "acceptance in the 1st..4th check | cells checked 2+ / 3+ / 4+ times (share of the 1st) |",
+        (
+            "| decoding | passes | fewer passes than AR | positions / image | seconds / image | speedup | "
+            "acceptance in the 1st..4th check | cells checked 2+ / 3+ / 4+ times (share of the 1st) |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, r in results.items():
