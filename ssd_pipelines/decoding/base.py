@@ -59,8 +59,9 @@ class DecodeOutput:
     """The grid a call decoded. Rows from `stats.rows_completed` on hold `UNDECODED` in `codes` and `final_round`.
 
     final_round [B, R, C], per cell: 0 = sampled from the backbone's exact distribution (never drafted);
-    1 = the drafting head's code, kept (accepted by every verification round it met, or never verified
-    when verify_rounds=0); k >= 2 = resampled in verification round k - 1 and kept since.
+    1 = its first code (the head's draft), kept (accepted by every verification it met, or never verified
+    when verify_rounds=0); k >= 2 = resampled in its (k - 1)-th verification and kept since (for `ssd`, the
+    k-th verification of every cell is round k).
     """
 
     codes: torch.Tensor  # [B, R, C] image codes
