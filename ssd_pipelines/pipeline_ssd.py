@@ -84,8 +84,8 @@ _register_with_diffusers()
 class SSDPipelineOutput(BaseOutput):
     """images: PIL images, an array [B, H, W, 3], a tensor [B, 3, H, W], or the codes for "latent".
     codes: the grid of image codes [B, R, C]. stats: the decoding statistics (`DecodeStats.to_dict()`).
-    final_round: [B, R, C], the verification round from which each cell's code stayed (0: drawn from the
-    exact distribution; 1: the head's draft kept; k >= 2: resampled in round k - 1; docs/decoding.md).
+    final_round: [B, R, C], the verification from which each cell's code stayed (0: drawn from the exact
+    distribution; 1: its first draft kept; k >= 2: resampled in its (k - 1)-th verification; docs/decoding.md).
     interrupted / rows_completed: a stopped call decoded only its first `rows_completed` rows; the others
     are -1 in `codes` and `final_round`, and black in the images."""
 

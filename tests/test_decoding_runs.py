@@ -28,7 +28,14 @@ def decode(strategy, backbone, seed=0, guidance=2.0, images=3, callback=None):
 
 
 def test_ar_costs_one_pass_per_code(grid_backbone):
-    assert decode(ARDecoding(), grid_backbone).stats.forward_passes == ROWS * COLS
+    stats = decode(ARDecoding(), grid_backbone).stats
+    assert stats.forward_passes == ROWS * COLS
+    assert stats.positions_processed == ROWS * (COLS + 1) - 2  # all but the last code and its end-of-line
+
+
+def test_exact_processes_its_window_every_pass(grid_backbone):
+    stats = decode(ExactDecoding(tiny_heads(grid_backbone), window=5), grid_backbone).stats
+    assert stats.positions_processed == 5 * (stats.forward_passes - 1)  # the prefill runs the prompt only
 
 
 @pytest.mark.parametrize("rounds", [0, 1, 2])

@@ -166,3 +166,24 @@ def test_accelerate_launch_splits_generation_and_training_over_two_processes(tmp
     assert [step for step, _ in log["loss"]] == [0, 4, 8, 11] and len(log["final_per_head"]) == 7
     heads = DraftHeads.from_pretrained(tmp_path / "heads")
     assert heads.max_horizontal == 5 and heads.max_vertical == 2
+
+
+def test_collection_streams_to_shards_and_resumes_from_them(backbone, tmp_path):
+    """A collection stopped after some batches continues from its shards and ends with the same data."""
+    sampling = SamplingConfig(guidance_scale=2.0)
+    whole = collect(backbone, PROMPTS[:3], sampling, images_per_prompt=3, batch_size=4, seed=5, shards=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-0000{i}.safetensors" for i in range(3)]
+    (tmp_path / "batch-00002.safetensors").unlink()  # as if stopped before the last batch
+    first = tmp_path / "batch-00000.safetensors"
+    first_written = first.stat().st_mtime_ns
+    resumed = collect(backbone, PROMPTS[:3], sampling, images_per_prompt=3, batch_size=4, seed=5, shards=tmp_path)
+    assert first.stat().st_mtime_ns == first_written  # read back, not generated again
+    assert torch.equal(resumed.codes, whole.codes) and torch.equal(resumed.hidden, whole.hidden)
+
+
+def test_a_data_dir_of_other_settings_is_refused(tmp_path):
+    from ssd_pipelines.training.distill import shard_folder
+
+    shard_folder(tmp_path, {"seed": 0}, 0)
+    with pytest.raises(ValueError, match="holds generations made with other settings"):
+        shard_folder(tmp_path, {"seed": 1}, 0)

@@ -41,3 +41,17 @@ def test_publish_writes_a_loadable_fp16_pipeline_and_its_card(tmp_path, capsys):
     assert loaded.backbone.dtype == torch.float32 and loaded.heads.config.base_model == REPO_ID
     loaded.set_progress_bar_config(disable=True)
     assert loaded("a red circle", decoding="exact").images[0].size == (16, 16)
+
+
+def test_new_heads_replace_the_published_ones_in_place(tmp_path, capsys):
+    """--pipeline takes backbone, tokenizer and VQ model from the published folder itself; only the heads change."""
+    pipe = tiny_pipeline()
+    pipe.save_pretrained(tmp_path / "hub")
+    new_heads = tiny_pipeline().heads
+    torch.nn.init.normal_(new_heads.vertical[0].proj.weight)
+    new_heads.save_pretrained(tmp_path / "heads")
+    main(["--pipeline", str(tmp_path / "hub"), "--heads", str(tmp_path / "heads"), "--out", str(tmp_path / "hub")])
+    loaded = SSDAutoregressivePipeline.from_pretrained(tmp_path / "hub")
+    torch.testing.assert_close(loaded.heads.vertical[0].proj.weight, new_heads.vertical[0].proj.weight.half().float())
+    torch.testing.assert_close(loaded.backbone.model.norm.weight, pipe.backbone.model.norm.weight.half().float())
+    assert loaded.heads.config.base_model == REPO_ID

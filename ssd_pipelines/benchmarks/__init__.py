@@ -4,6 +4,7 @@ ssd-bench exactness    # TV distance to the AR distribution on an enumerable gri
 ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
 ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
+ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ BENCHMARKS = {
     "reference": "Reference model: adherence, speed",
     "sweep": "Reference model: AR adherence under sampling settings",
     "peers": "SSD against AR and the published peers: speed, quality, scaling",
+    "window": "Reference model: exact's speed against its window size",
 }
 
 

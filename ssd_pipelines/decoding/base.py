@@ -38,6 +38,7 @@ class DecodeStats:
     strategy: str
     images: int
     forward_passes: int = 0  # backbone passes, the prompt prefill included
+    positions_processed: int = 0  # image positions each image ran through the backbone, summed over passes
     rows_completed: int = 0
     interrupted: bool = False  # stopped before the last row: rows from rows_completed on are UNDECODED
     drafted_per_round: list[int] = field(default_factory=list)
@@ -58,8 +59,9 @@ class DecodeOutput:
     """The grid a call decoded. Rows from `stats.rows_completed` on hold `UNDECODED` in `codes` and `final_round`.
 
     final_round [B, R, C], per cell: 0 = sampled from the backbone's exact distribution (never drafted);
-    1 = the drafting head's code, kept (accepted by every verification round it met, or never verified
-    when verify_rounds=0); k >= 2 = resampled in verification round k - 1 and kept since.
+    1 = its first code (the head's draft), kept (accepted by every verification it met, or never verified
+    when verify_rounds=0); k >= 2 = resampled in its (k - 1)-th verification and kept since (for `ssd`, the
+    k-th verification of every cell is round k).
     """
 
     codes: torch.Tensor  # [B, R, C] image codes
@@ -223,6 +225,7 @@ class DecodeRun:
     def forward(self, state: KVState, block: Block, codes: torch.Tensor) -> torch.Tensor:
         """One backbone pass over a block's codes [B, n_cells] -> output hidden states [B', n_pos, d]."""
         self.stats.forward_passes += 1
+        self.stats.positions_processed += block.num_positions
         return self.backbone.extend(state, block.embed(self.backbone, both_branches(codes, self.prompts.guidance)))
 
     def rows_committed(self, up_to_row: int) -> None:

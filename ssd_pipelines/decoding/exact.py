@@ -44,7 +44,7 @@ def committed_positions(changed: torch.Tensor) -> torch.Tensor:
 
 
 class ExactDecoding(DecodingStrategy):
-    """Lossless: returns exactly the AR distribution, at most one pass per cell and usually far fewer."""
+    """Lossless: returns exactly the AR distribution, at most one pass per image position and usually far fewer."""
 
     name = "exact"
 
@@ -72,7 +72,6 @@ class FrontierRun:
         # cell of each image position, UNDECODED at an end-of-line; one slot past the end for the bonus position
         self.cell_at = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
         self.cell_at = torch.cat([self.cell_at, self.cell_at.new_tensor([UNDECODED])])
-        self.cell_position = positions[column < grid.cols]  # [N]
         batch = run.prompts.batch_size
         self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed positions
         self.ring = self.window + 1  # q of cell c lives in slot c % ring: only cells past the frontier need one
@@ -113,6 +112,7 @@ class FrontierRun:
         embeds = self._embed(codes[:, :W], cells[:, :W])
         out = run.backbone.extend_rows(self.state, embeds, both_branches(starts, run.prompts.guidance))
         run.stats.forward_passes += 1
+        run.stats.positions_processed += W
         predicting = torch.cat([out[:, :1], out], dim=1)  # position i is predicted by output i - 1 (i >= 1)
         p = run.probs(predicting)  # [B, W + 1, K]; position 0 is final or committed, its p unused
         todo = ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]

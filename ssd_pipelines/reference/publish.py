@@ -2,6 +2,8 @@
 
     python -m ssd_pipelines.reference.publish --backbone runs/backbone --vqvae runs/vqvae \
         --heads runs/heads --benchmark docs/reference_benchmark.md --out hub_cards/ssd-reference
+    # new heads for the published backbone: the rest is taken from the pipeline as it is
+    python -m ssd_pipelines.reference.publish --pipeline hub_cards/ssd-reference --heads runs/heads6
 
 The card is built with `huggingface_hub.ModelCard` from the training logs and the
 benchmark table, so every number in it comes from a command anyone can rerun.
@@ -109,19 +111,26 @@ def build_card(pipe: SSDAutoregressivePipeline, training: str, benchmark: str) -
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", type=Path, required=True, help="folder with backbone/ and tokenizer/")
-    parser.add_argument("--vqvae", type=Path, required=True)
+    parser.add_argument("--pipeline", type=Path, help="take backbone, tokenizer and VQ model from this pipeline")
+    parser.add_argument("--backbone", type=Path, help="folder with backbone/ and tokenizer/ (without --pipeline)")
+    parser.add_argument("--vqvae", type=Path, help="VQ model folder (without --pipeline)")
     parser.add_argument("--heads", type=Path, required=True)
     parser.add_argument("--training", type=Path, default=Path("docs/reference_training.md"), help="training notes")
     parser.add_argument("--benchmark", type=Path, default=Path("docs/reference_benchmark.md"), help="benchmark table")
     parser.add_argument("--out", type=Path, default=Path("hub_cards/ssd-reference"))
     args = parser.parse_args(argv)
+    if (args.pipeline is None) == (args.backbone is None or args.vqvae is None):
+        parser.error("pass either --pipeline, or both --backbone and --vqvae")
 
-    pipe = SSDAutoregressivePipeline(
-        backbone=LlamaForCausalLM.from_pretrained(args.backbone / "backbone"),
-        tokenizer=AutoTokenizer.from_pretrained(args.backbone / "tokenizer"),
-        vqvae=VQModel.from_pretrained(args.vqvae, use_safetensors=True),
-    )
+    if args.pipeline is not None:
+        pipe = SSDAutoregressivePipeline.from_pretrained(args.pipeline)  # in memory: --out may be the same folder
+        pipe.heads = None
+    else:
+        pipe = SSDAutoregressivePipeline(
+            backbone=LlamaForCausalLM.from_pretrained(args.backbone / "backbone"),
+            tokenizer=AutoTokenizer.from_pretrained(args.backbone / "tokenizer"),
+            vqvae=VQModel.from_pretrained(args.vqvae, use_safetensors=True),
+        )
     heads = DraftHeads.from_pretrained(args.heads, use_safetensors=True)
     heads.register_to_config(base_model=REPO_ID)
     pipe.load_heads(heads)

@@ -16,6 +16,10 @@ the heads' gradients (a few MB per step), and shards drawn from the same prompt
 distribution make the averaged gradient that of one batch of
 `batch_size x num_processes` images drawn from the union.
 
+Generations can be streamed to disk (`--data-dir`): each generated batch is a
+safetensors shard, written as soon as it is done, so a long collection that is
+stopped resumes where it was, and training reads them back.
+
 CLI::
 
     accelerate launch -m ssd_pipelines.training.distill --model DIR --prompts prompts.txt --out heads/
@@ -45,7 +49,9 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from safetensors.torch import load_file, save_file
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..backbones.base import ImageBackbone
 from ..decoding import ARDecoding
@@ -108,22 +114,48 @@ def collect(
     batch_size: int = 64,
     seed: int = 0,
     storage_dtype: torch.dtype | None = None,
+    shards: Path | None = None,
+    progress: bool = False,
 ) -> DistillationData:
     """Generate images_per_prompt images per prompt with AR, batch_size images per batch, recording h and codes.
 
-    Decoding is memory-bound, so a batch of 64 images costs little more than one.
+    Decoding is memory-bound, so a batch of 64 images costs little more than one. With `shards`, every batch is
+    also written there as it is done, and a batch already written is read back instead of generated again (the
+    batch's own seed makes it the same either way).
     """
     images = [prompt for prompt in prompts for _ in range(images_per_prompt)]
     if not images:
         raise ValueError("collect needs at least one prompt and images_per_prompt >= 1.")
-    generator = torch.Generator(backbone.device).manual_seed(seed)
     strategy = ARDecoding(record_hidden=True)
     parts = []
-    for start in range(0, len(images), batch_size):
+    starts = range(0, len(images), batch_size)
+    for index, start in enumerate(tqdm(starts, desc="generating", unit="batch", disable=not progress)):
+        shard = None if shards is None else shards / f"batch-{index:05d}.safetensors"
+        if shard is not None and shard.is_file():
+            parts.append(DistillationData(**load_file(shard)))
+            continue
         batch = backbone.encode_prompts(images[start : start + batch_size], guidance=sampling.uses_guidance)
+        generator = torch.Generator(backbone.device).manual_seed(seed + 1_000_003 * index)  # its own stream
         output = strategy.decode(backbone, batch, sampling, generator=generator)
         parts.append(DistillationData.from_decode(output, storage_dtype))
+        if shard is not None:
+            save_file({"hidden": parts[-1].hidden, "codes": parts[-1].codes}, shard)
     return DistillationData.concat(parts)
+
+
+def shard_folder(data_dir: Path, settings: dict, process_index: int) -> Path:
+    """This process's shard folder under `data_dir`, which must hold shards of these very settings (or none)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    recorded = data_dir / "collection.json"
+    if recorded.is_file() and json.loads(recorded.read_text()) != settings:
+        raise ValueError(
+            f"{data_dir} holds generations made with other settings ({recorded}): use another --data-dir, "
+            "or the same model, prompts, sampling, batch size and seed."
+        )
+    recorded.write_text(json.dumps(settings, indent=1))
+    folder = data_dir / f"process-{process_index}"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def head_offsets(heads: DraftHeads) -> list[tuple[str, tuple[int, int], nn.Module]]:
@@ -231,7 +263,8 @@ def train_heads(
     names = [name for name, _, _ in head_offsets(heads)]
     log: dict = {"loss": [], "final_per_head": {}, "steps": 0}
     window: list[torch.Tensor] = []
-    for step in range(steps):
+    bar = tqdm(range(steps), desc="training heads", unit="step", disable=not accelerator.is_main_process)
+    for step in bar:
         loss, per_head = _batch_loss(objective, backbone, data[next(batches)])
         accelerator.backward(loss)
         optimizer.step()
@@ -243,7 +276,7 @@ def train_heads(
             mean = accelerator.reduce(torch.stack(window).mean(0), reduction="mean").tolist()
             log["loss"].append([step, round(sum(mean), 6)])
             log["final_per_head"] = {name: round(value, 6) for name, value in zip(names, mean)}
-            accelerator.print(f"step {step:5d} loss {sum(mean):.5f} lr {scheduler.get_last_lr()[0]:.2e}")
+            bar.set_postfix(loss=f"{sum(mean):.4f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
             window = []
     heads.eval()
     return log
@@ -285,6 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="backbone dtype")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per process (default: torch's)")
     p.add_argument("--base-model", default=None, help="config.base_model of the heads (default: --model)")
+    p.add_argument(
+        "--data-dir", default=None, help="write each generated batch here as it is done; a rerun resumes from it"
+    )
     return p
 
 
@@ -357,11 +393,37 @@ def main(argv: list[str] | None = None) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.guidance)
 
     started = time.perf_counter()
-    data = collect(backbone, shard, sampling, 1, args.generate_batch_size, args.seed + accelerator.process_index)
-    collect_seconds = time.perf_counter() - started
-    accelerator.print(
-        f"process 0 generated {len(data)} images in {collect_seconds:.1f}s ({data.nbytes / 2**20:.1f} MiB)"
+    seed = args.seed + accelerator.process_index
+    shards = None
+    if args.data_dir:
+        settings = {
+            k: getattr(args, k)
+            for k in (
+                "model",
+                "prompts",
+                "images_per_prompt",
+                "generate_batch_size",
+                "guidance",
+                "temperature",
+                "top_k",
+                "top_p",
+                "seed",
+                "dtype",
+            )
+        }
+        shards = shard_folder(Path(args.data_dir), settings, accelerator.process_index)
+    data = collect(
+        backbone,
+        shard,
+        sampling,
+        1,
+        args.generate_batch_size,
+        seed,
+        shards=shards,
+        progress=accelerator.is_main_process,
     )
+    collect_seconds = time.perf_counter() - started
+    accelerator.print(f"process 0 has {len(data)} images after {collect_seconds:.1f}s ({data.nbytes / 2**20:.1f} MiB)")
 
     started = time.perf_counter()
     log = train_heads(
