@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only backend."""
     try:
         import matplotlib
@@ -17,7 +17,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:  # pragma: no cover - the message is the point
-        raise SystemExit("ssd-bench peers draws its plots with matplotlib: pip install -e '.[bench]'") from error
+        raise SystemExit("the figures are drawn with matplotlib: pip install -e '.[bench]'") from error
     return plt
 
 
@@ -80,7 +80,7 @@ def _place_labels(ax, points: list[tuple[str, float, float]]) -> None:
 
 def speed_quality(rows: list[dict], out: Path) -> None:
     """Scatter: seconds per image at batch 1 against the Fréchet distance; filled markers are lossless."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 7), dpi=110)
     for row in rows:
         style = _style(row["label"])
@@ -118,7 +118,7 @@ def speed_quality(rows: list[dict], out: Path) -> None:
 
 def throughput(per_batch: dict[str, dict[int, float]], out: Path) -> None:
     """Seconds per image against batch size, one line per strategy (measured until it fell behind AR)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 6.5), dpi=110)
     for label, curve in per_batch.items():
         sizes = sorted(curve)
@@ -139,7 +139,7 @@ def throughput(per_batch: dict[str, dict[int, float]], out: Path) -> None:
 
 def scaling(counts: dict[str, dict[str, dict[int, float]]], out: Path) -> None:
     """Forward passes against grid side n, one panel per draft setting, with n^2 and n for reference."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(counts), figsize=(14, 5.5), dpi=110, sharey=True)
     for ax, (setting, per_label) in zip(np.atleast_1d(axes), counts.items()):
         for label, curve in per_label.items():
