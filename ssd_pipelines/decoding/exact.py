@@ -94,7 +94,7 @@ class FrontierRun:
         self._draft()
         while not run.stopped and bool((self.done < grid.sequence_length).any()):
             self._pass()
-            self._report_rows()
+            self.run.frontier_reached(self.done)
         self.rounds.write_to(run.stats)
 
     def _pass(self) -> None:
@@ -223,13 +223,3 @@ class FrontierRun:
         self.q[b, c % self.ring] = q
         self.hidden[self._branch_rows(b), self._both(c)] = drafted.to(self.hidden.dtype)
         run.final_round[b, c] = 1
-
-    def _report_rows(self) -> None:
-        """Rows whose every cell is final in every image go to the callback."""
-        grid = self.grid
-        last_final = self.done.clamp_max(grid.sequence_length - 1)
-        rows = ((last_final - grid.cols + 1).div(grid.row_length, rounding_mode="floor") + 1).clamp(0, grid.rows)
-        rows = torch.where(self.done >= grid.sequence_length, grid.rows, rows)
-        completed = int(rows.min())
-        if completed > 0:
-            self.run.rows_committed(completed - 1)

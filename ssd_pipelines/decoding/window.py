@@ -132,7 +132,7 @@ class WindowRun:
         self._draft()
         while not run.stopped and bool((self.done < self.grid.sequence_length).any()):
             self._pass()
-            self._report_rows()
+            self.run.frontier_reached(self.final)
         self.rounds.write_to(run.stats)
 
     def _pass(self) -> None:
@@ -237,13 +237,3 @@ class WindowRun:
         missing &= self.run.codes[images, cells.clamp_min(0)] < 0
         if bool(missing.any()):
             self.strategy.draft(self, images[missing], cells[missing])
-
-    def _report_rows(self) -> None:
-        """Rows whose every cell is final in every image go to the callback."""
-        grid = self.grid
-        last_final = self.final.clamp_max(grid.sequence_length - 1)
-        rows = ((last_final - grid.cols + 1).div(grid.row_length, rounding_mode="floor") + 1).clamp(0, grid.rows)
-        rows = torch.where(self.final >= grid.sequence_length, grid.rows, rows)
-        completed = int(rows.min())
-        if completed > 0:
-            self.run.rows_committed(completed - 1)
