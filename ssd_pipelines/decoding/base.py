@@ -89,6 +89,27 @@ class RoundCounter:
         stats.accepted_per_round = [int(a) for a in self.accepted]
 
 
+class CheckCounter:
+    """Drafted and accepted cells by check: round k counts every cell's (k + 1)-th verification. Summed on the
+    device by scatter, without a host sync per pass, and read once at the end."""
+
+    def __init__(self, most_checks: int, device: torch.device) -> None:
+        """most_checks: a bound on any cell's verifications (a frontier moves every pass: the passes' bound)."""
+        self.drafted = torch.zeros(most_checks, dtype=torch.long, device=device)
+        self.accepted = torch.zeros_like(self.drafted)
+
+    def add(self, checks_before: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Cells of one pass: their earlier verifications, whether this pass checked them, whether it kept them."""
+        index = checks_before.flatten().clamp(0, len(self.drafted) - 1)
+        self.drafted.scatter_add_(0, index, checked.flatten().long())
+        self.accepted.scatter_add_(0, index, (checked & accepted).flatten().long())
+
+    def write_to(self, stats: DecodeStats) -> None:
+        rounds = int((self.drafted > 0).sum())  # a cell checked k + 1 times was checked k times: no gaps
+        stats.drafted_per_round = self.drafted[:rounds].tolist()
+        stats.accepted_per_round = self.accepted[:rounds].tolist()
+
+
 def both_branches(x: torch.Tensor, guidance: bool) -> torch.Tensor:
     """Codes are shared by the conditional and unconditional branch: [B, ...] -> [B', ...]."""
     return torch.cat([x, x]) if guidance else x

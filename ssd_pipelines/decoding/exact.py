@@ -33,7 +33,7 @@ import torch
 
 from ..heads import DraftHeads
 from ..sampling import verify_round
-from .base import UNDECODED, DecodeRun, DecodingStrategy, RoundCounter, both_branches
+from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches
 
 
 def committed_positions(changed: torch.Tensor) -> torch.Tensor:
@@ -79,7 +79,7 @@ class FrontierRun:
         self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
         self.passed = torch.zeros(batch, grid.num_cells, dtype=torch.bool, device=device)  # hidden from a pass
         self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
-        self.rounds = RoundCounter()
+        self.rounds = CheckCounter(grid.sequence_length + 2, device)  # at most 1 + S passes
 
     def decode(self) -> None:
         run, grid = self.run, self.grid
@@ -122,7 +122,7 @@ class FrontierRun:
         verified, next_q, accepted = verify_round(codes.clamp_min(0), q, p, run.generator)
         new_codes = torch.where(fresh, run.sample(p), verified)
         next_q = torch.where(fresh[..., None], p, next_q)  # a fresh code was drawn from p
-        self._count(cells, checked, accepted)
+        self.rounds.add(self.verifications[batch, cells.clamp_min(0)], checked, accepted)
         changed = fresh | (checked & ~accepted)
         # 2. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
         new_done = (starts + committed_positions(changed)).clamp_max(grid.sequence_length)
@@ -139,14 +139,6 @@ class FrontierRun:
             eol = self._both(cells < 0)[..., None]
             embeds = torch.where(eol, backbone.embed_token(self.grid.eol_token_id).to(embeds.dtype), embeds)
         return embeds
-
-    def _count(self, cells: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Round k of the statistics is every cell's k-th verification."""
-        batch = torch.arange(cells.shape[0], device=cells.device)[:, None]
-        index = self.verifications[batch, cells.clamp_min(0)]  # [B, W + 1]: verifications before this one
-        for k in range(int(index[checked].max()) + 1 if bool(checked.any()) else 0):
-            at_k = checked & (index == k)
-            self.rounds.add(k, at_k.sum(), (at_k & accepted).sum())
 
     def _store(self, cells, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
         """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds."""

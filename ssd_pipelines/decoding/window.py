@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import verify_round
-from .base import UNDECODED, DecodeRun, DecodingStrategy, RoundCounter, both_branches
+from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches
 
 TAILS = ("resample", "continue", "drop")
 
@@ -97,7 +97,7 @@ class WindowRun:
         self.q: torch.Tensor | None = None  # [B, ring, K]
         self.h_final: torch.Tensor | None = None  # [B', d]: hidden state predicting the token at `final`
         self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
-        self.rounds = RoundCounter()
+        self.rounds = CheckCounter(grid.sequence_length + 2, device)  # every pass finalises a token
         self.memo: dict = {}  # what a strategy computes once per call (it holds only settings itself)
 
     @property
@@ -200,7 +200,7 @@ class WindowRun:
         final = new_final[:, None]
         tail = positions > final
         counted = checked & ((positions <= final) | (rule == "continue"))
-        self._count(cells, counted, judged.accepted)
+        self.rounds.add(self.verifications[self.images[:, None], cells.clamp_min(0)], counted, judged.accepted)
         if rule == "drop":
             b, i = (tail & (cells >= 0)).nonzero(as_tuple=True)
             run.codes[b, cells[b, i]] = UNDECODED
@@ -219,13 +219,6 @@ class WindowRun:
         # final_round: drawn at the stop from its true conditional 0; changed in check k, k + 1; drawn again 1
         since = torch.where(positions[b, i] == new_final[b], 0, torch.where(counted[b, i], k + 1, 1))
         run.final_round[b, c] = torch.where(changed, since, run.final_round[b, c])
-
-    def _count(self, cells: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Round k of the statistics is every cell's k-th verification."""
-        index = self.verifications[self.images[:, None], cells.clamp_min(0)]  # [B, W + 1]: checks before this
-        for k in range(int(index[checked].max()) + 1 if bool(checked.any()) else 0):
-            at_k = checked & (index == k)
-            self.rounds.add(k, at_k.sum(), (at_k & accepted).sum())
 
     def _draft(self) -> None:
         """Draft every cell of each next window that is past `final` and has no code."""
