@@ -15,7 +15,7 @@ with the others' so that machine noise hits all alike:
 3. Scaling: forward passes against grid side n on random-weight backbones,
    with perfect and with random drafts.
 
-    ssd-bench peers          # about 30 minutes on 2 CPU cores -> docs/benchmarks.md and its figures
+    ssd-bench peers          # about 20 minutes on 2 quiet CPU cores -> docs/benchmarks.md and its figures
 """
 
 from __future__ import annotations
