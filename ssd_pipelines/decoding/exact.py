@@ -74,8 +74,8 @@ class FrontierRun:
         self.cell_at = torch.cat([self.cell_at, self.cell_at.new_tensor([UNDECODED])])
         batch = run.prompts.batch_size
         self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed positions
-        self.ring = self.window + 1  # q of cell c lives in slot c % ring: only cells past the frontier need one
-        self.q: torch.Tensor | None = None  # [B, ring, K]
+        self.ring = self.window + 1  # q of cell c lives in slot c % ring (cells past the frontier); one spare
+        self.q: torch.Tensor | None = None  # [B, ring + 1, K]
         self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
         self.passed = torch.zeros(batch, grid.num_cells, dtype=torch.bool, device=device)  # hidden from a pass
         self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
@@ -85,7 +85,7 @@ class FrontierRun:
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
         p_first = run.probs(h_first)  # [B, K]
-        self.q = p_first.new_zeros(run.prompts.batch_size, self.ring, p_first.shape[-1])
+        self.q = p_first.new_zeros(run.prompts.batch_size, self.ring + 1, p_first.shape[-1])
         self.hidden = h_first.new_zeros(h_first.shape[0], grid.num_cells, run.backbone.hidden_size)
         run.codes[:, 0] = run.sample(p_first)
         run.final_round[:, 0] = 0
@@ -141,20 +141,30 @@ class FrontierRun:
         return embeds
 
     def _store(self, cells, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
-        """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds."""
+        """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds.
+
+        Every window position writes, untouched ones their cell's current values, so nothing waits for the host
+        to learn which were touched. Window positions hold distinct cells; end-of-line and past-the-end ones
+        write to cell 0, which is final from the prefill and never touched, and to the q ring's spare slot."""
         run = self.run
-        b, i = todo.nonzero(as_tuple=True)  # touched (image, window index)
-        c = cells[b, i]
-        run.codes[b, c] = new_codes[b, i]
-        self.q[b, c % self.ring] = next_q[b, i]
-        self.hidden[self._branch_rows(b), self._both(c)] = predicting[self._branch_rows(b), self._both(i)]
-        self.passed[b, c] = True
+        cell = cells.clamp_min(0)  # [B, W + 1]
+        both_cell, both_todo = self._both(cell), self._both(todo)
+
+        def put(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+            """target[b, index[b, i]] = values[b, i] where `where`, else what it holds; trailing dims follow."""
+            index = index.view(*index.shape, *(1,) * (target.dim() - 2)).expand(*index.shape, *target.shape[2:])
+            where = where.view(*where.shape, *(1,) * (target.dim() - 2))
+            target.scatter_(1, index, torch.where(where, values, target.gather(1, index)))
+
+        put(run.codes, cell, new_codes, todo)
+        put(self.q, torch.where(todo, cell % self.ring, self.ring), next_q, todo)
+        put(self.hidden, both_cell, predicting.to(self.hidden.dtype), both_todo)
+        put(self.passed, cell, torch.ones_like(todo), todo)
         # final_round: a new code drawn exactly is 0, a cell's first code 1, a code changed in check k shows k + 1
-        k = self.verifications[b, c] + checked[b, i].long()
-        self.verifications[b, c] = k
-        first = torch.where(exact[b, i], 0, 1)
-        since = torch.where(checked[b, i], k + 1, first)
-        run.final_round[b, c] = torch.where(changed[b, i], since, run.final_round[b, c])
+        k = self.verifications.gather(1, cell) + checked.long()
+        put(self.verifications, cell, k, todo)
+        since = torch.where(checked, k + 1, torch.where(exact, 0, 1))
+        put(run.final_round, cell, since.to(run.final_round.dtype), changed)
 
     def _draft(self) -> None:
         """Give a code and q to every cell of each window that has none and can be drafted."""
