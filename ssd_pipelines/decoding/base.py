@@ -110,6 +110,15 @@ class CheckCounter:
         stats.accepted_per_round = self.accepted[:rounds].tolist()
 
 
+def cells_by_position(grid: ImageGrid, device: torch.device) -> torch.Tensor:
+    """The cell at each position of the image sequence [S + 1]: UNDECODED at an end-of-line token, and at one
+    position past the end (the one a full window's last output predicts)."""
+    positions = torch.arange(grid.sequence_length, device=device)
+    column = positions % grid.row_length
+    cells = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
+    return torch.cat([cells, cells.new_tensor([UNDECODED])])
+
+
 def both_branches(x: torch.Tensor, guidance: bool) -> torch.Tensor:
     """Codes are shared by the conditional and unconditional branch: [B, ...] -> [B', ...]."""
     return torch.cat([x, x]) if guidance else x
@@ -238,6 +247,15 @@ class DecodeRun:
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes [B, ...] -> embeddings for both guidance branches [B', ..., d_e]."""
         return self.backbone.embed_codes(both_branches(codes, self.prompts.guidance))
+
+    def embed_positions(self, codes: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [B', n, d_e] of image positions: codes [B, n], and the end-of-line token wherever
+        cells [B, n] is negative (the position holds no cell)."""
+        embeds = self.embed_codes(codes.clamp_min(0))
+        if self.grid.has_eol:
+            eol = both_branches(cells < 0, self.prompts.guidance)[..., None]
+            embeds = torch.where(eol, self.backbone.embed_token(self.grid.eol_token_id).to(embeds.dtype), embeds)
+        return embeds
 
     def prefill(self) -> tuple[KVState, torch.Tensor]:
         self.stats.forward_passes += 1

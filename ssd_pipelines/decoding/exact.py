@@ -33,7 +33,7 @@ import torch
 
 from ..heads import DraftHeads
 from ..sampling import verify_round
-from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches
+from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches, cells_by_position
 
 
 def committed_positions(changed: torch.Tensor) -> torch.Tensor:
@@ -67,11 +67,7 @@ class FrontierRun:
         self.run, self.heads, self.grid = run, heads, run.grid
         grid, device = run.grid, run.codes.device
         self.window = min(window, grid.sequence_length)  # W
-        positions = torch.arange(grid.sequence_length, device=device)
-        column = positions % grid.row_length
-        # cell of each image position, UNDECODED at an end-of-line; one slot past the end for the bonus position
-        self.cell_at = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
-        self.cell_at = torch.cat([self.cell_at, self.cell_at.new_tensor([UNDECODED])])
+        self.cell_at = cells_by_position(grid, device)
         batch = run.prompts.batch_size
         self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed positions
         self.ring = self.window + 1  # q of cell c lives in slot c % ring (cells past the frontier); one spare
@@ -109,7 +105,7 @@ class FrontierRun:
         runs_in = has_token[:, :W].long().cumprod(dim=1).bool()  # [B, W]: the contiguous inputs
         ready = torch.cat([torch.ones_like(runs_in[:, :1]), runs_in], dim=1)  # [B, W + 1]: its p is valid
         # 1. Verify every cell past the frontier whose p is valid; sample the first cell without a code.
-        embeds = self._embed(codes[:, :W], cells[:, :W])
+        embeds = run.embed_positions(codes[:, :W], cells[:, :W])
         out = run.backbone.extend_rows(self.state, embeds, both_branches(starts, run.prompts.guidance))
         run.stats.forward_passes += 1
         run.stats.positions_processed += W
@@ -130,15 +126,6 @@ class FrontierRun:
         self._store(cells, todo, checked, changed, exact, new_codes, next_q, predicting)
         self.done = torch.maximum(self.done, new_done)
         self._draft()
-
-    def _embed(self, codes: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-        """Input embeddings of window positions [B, W]: codes, end-of-line tokens, and anything for the rest."""
-        backbone = self.run.backbone
-        embeds = self.run.embed_codes(codes.clamp_min(0))  # [B', W, d_e]
-        if self.grid.has_eol:
-            eol = self._both(cells < 0)[..., None]
-            embeds = torch.where(eol, backbone.embed_token(self.grid.eol_token_id).to(embeds.dtype), embeds)
-        return embeds
 
     def _store(self, cells, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
         """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds.

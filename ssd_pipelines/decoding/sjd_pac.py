@@ -172,7 +172,9 @@ class TreeWindowRun(WindowRun):
             dim=2
         )  # [B, n_s, S]: chain ancestors
         side_visible = torch.cat([image_part, ancestors_side[None].expand(len(images), -1, -1)], dim=-1)
-        embeds = torch.cat([self.embed(codes[:, :W], cells[:, :W]), self.embed(side_codes, side_cells)], dim=1)
+        embeds = torch.cat(
+            [run.embed_positions(codes[:, :W], cells[:, :W]), run.embed_positions(side_codes, side_cells)], dim=1
+        )
         out = run.backbone.extend_at(
             self.state,
             embeds,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import verify_round
-from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches
+from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches, cells_by_position
 
 TAILS = ("resample", "continue", "drop")
 
@@ -85,11 +85,7 @@ class WindowRun:
         self.run, self.strategy, self.grid = run, strategy, run.grid
         grid, device = run.grid, run.codes.device
         self.window = min(window, grid.sequence_length)  # W: chain positions per pass
-        positions = torch.arange(grid.sequence_length, device=device)
-        column = positions % grid.row_length
-        # cell of each image position, UNDECODED at an end-of-line; one slot past the end for the position past it
-        cell_at = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
-        self.cell_at = torch.cat([cell_at, cell_at.new_tensor([UNDECODED])])
+        self.cell_at = cells_by_position(grid, device)
         batch = run.prompts.batch_size
         self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] positions with final cache entries
         self.final = torch.zeros(batch, dtype=torch.long, device=device)  # [B] last position with a final token
@@ -175,16 +171,9 @@ class WindowRun:
         run.stats.forward_passes += 1
         slots = torch.arange(self.grid.sequence_length, device=positions.device)
         positions = self.both(positions)
-        return run.backbone.extend_at(self.state, self.embed(codes, cells), positions, slots <= positions[..., None])
-
-    def embed(self, codes: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-        """Input embeddings [B', n, d_e] of codes [B, n], with end-of-line tokens where cells [B, n] say so."""
-        run = self.run
-        embeds = run.embed_codes(codes.clamp_min(0))
-        if self.grid.has_eol:
-            eol = self.both(cells < 0)[..., None]
-            embeds = torch.where(eol, run.backbone.embed_token(self.grid.eol_token_id).to(embeds.dtype), embeds)
-        return embeds
+        return run.backbone.extend_at(
+            self.state, run.embed_positions(codes, cells), positions, slots <= positions[..., None]
+        )
 
     def _settle(self, judged: Judged) -> tuple[torch.Tensor, torch.Tensor]:
         """The new `final` and `done` [B]: the first stop (a rejected or fresh cell), or past the window."""

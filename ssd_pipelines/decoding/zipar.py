@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..backbones.base import ImageGrid
-from .base import DecodeRun, DecodingStrategy
+from .base import UNDECODED, DecodeRun, DecodingStrategy
 
 
 class ZipARDecoding(DecodingStrategy):
@@ -67,7 +67,9 @@ class ZipARDecoding(DecodingStrategy):
             fed[positions] = True
             slots = torch.arange(int(positions.max()) + 1, device=fed.device)
             visible = fed[slots] & (slots <= positions[:, None])  # [n, T]: decoded, and not after the token
-            embeds = self._embed(run, [inputs[int(s)] for s in positions])  # [B', n, d_e]
+            tokens = [inputs[int(s)] for s in positions]  # a code of a cell, or the end-of-line token
+            fed_cells = torch.tensor([UNDECODED if kind == "eol" else cell for kind, cell in tokens], device=fed.device)
+            embeds = run.embed_positions(run.codes[:, fed_cells.clamp_min(0)], fed_cells.expand(len(run.codes), -1))
             batch = embeds.shape[0]
             hidden = run.backbone.extend_at(
                 state, embeds, positions.expand(batch, -1), visible.expand(batch, -1, -1)
@@ -104,14 +106,3 @@ class ZipARDecoding(DecodingStrategy):
                 if grid.has_eol:
                     inputs[y * L + grid.cols] = ("eol", None)
         return inputs, targets
-
-    @staticmethod
-    def _embed(run: DecodeRun, tokens: list[tuple[str, int | None]]) -> torch.Tensor:
-        """Input embeddings [B', n, d_e] of the pass's tokens: codes of cells, or the end-of-line token."""
-        cells = torch.tensor([cell if kind == "code" else 0 for kind, cell in tokens], device=run.codes.device)
-        embeds = run.embed_codes(run.codes[:, cells])  # [B', n, d_e]
-        eol = torch.tensor([kind == "eol" for kind, _ in tokens], device=embeds.device)
-        if bool(eol.any()):
-            token = run.backbone.embed_token(run.grid.eol_token_id).to(embeds.dtype)
-            embeds = torch.where(eol[None, :, None], token, embeds)
-        return embeds
