@@ -46,7 +46,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--vertical-rows", type=int, default=None, help="--decoding ssd: rows drafted at once by the vertical heads"
     )
     parser.add_argument(
-        "--window", type=int, default=None, help="--decoding exact: positions verified per pass (default: one row)"
+        "--window",
+        type=int,
+        default=None,
+        help="--decoding exact: positions verified per pass (default: one row); ssd: pipeline the rows on it",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
     parser.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 disables it)")
@@ -65,9 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
     if args.rounds is not None and args.decoding != "ssd":
         parser.error(f"--rounds applies to --decoding ssd only ({args.decoding} decides its own rounds)")
-    for flag, value, decoding in (("--vertical-rows", args.vertical_rows, "ssd"), ("--window", args.window, "exact")):
-        if value is not None and args.decoding != decoding:
-            parser.error(f"{flag} applies to --decoding {decoding} only")
+    for flag, value, decodings in (
+        ("--vertical-rows", args.vertical_rows, ("ssd",)),
+        ("--window", args.window, ("ssd", "exact")),
+    ):
+        if value is not None and args.decoding not in decodings:
+            parser.error(f"{flag} applies to --decoding {' or '.join(decodings)} only")
     if args.num_images < 1:
         parser.error(f"--num-images must be >= 1, got {args.num_images}")
     check_out(parser, args)

@@ -289,15 +289,15 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         if decoding not in STRATEGIES:
             raise ValueError(f"unknown decoding {decoding!r}: choose one of {', '.join(STRATEGIES)}.")
         for name, value, applies_to, minimum in (
-            ("verify_rounds", verify_rounds, "ssd", 0),
-            ("vertical_rows", vertical_rows, "ssd", 1),
-            ("window", window, "exact", 1),
+            ("verify_rounds", verify_rounds, ("ssd",), 0),
+            ("vertical_rows", vertical_rows, ("ssd",), 1),
+            ("window", window, ("ssd", "exact"), 1),
         ):
             if value is not None:
-                if decoding != applies_to:
+                if decoding not in applies_to:
                     raise ValueError(
-                        f"{name} applies to decoding={applies_to!r} only, not {decoding!r}: drop {name}"
-                        + (", or use decoding='ssd'." if applies_to == "ssd" else ".")
+                        f"{name} applies to decoding={' or '.join(map(repr, applies_to))} only, not {decoding!r}: "
+                        f"drop {name}" + (", or use decoding='ssd'." if applies_to == ("ssd",) else ".")
                     )
                 _check_integer(name, value, minimum=minimum)
         if decoding in NEEDS_HEADS and self.heads is None:
@@ -358,8 +358,10 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
                 unverified). Rounds stop early once a round rejects nothing in every image.
             vertical_rows: "ssd" only: rows drafted at once by the vertical heads (k_v, default 1).
-            window: "exact" only: image positions each forward pass verifies per image (default one row with
-                its end-of-line token). Wider windows take fewer passes, each processing more tokens.
+            window: "exact": image positions each forward pass verifies per image (default one row with
+                its end-of-line token). Wider windows take fewer passes, each processing more tokens. "ssd":
+                pipelines the rows on that window, each cell verified at most `verify_rounds` times (default: the
+                paper's row blocks; docs/ssd_pipelined.md measures both).
             output_type: "pil", "np", "pt", or "latent" for the grid of codes.
             callback_on_step_end: called as `callback(pipe, row, row, {"codes": codes})` after each committed
                 row, in the calling thread; `codes` is a copy, -1 in rows not committed yet. Setting

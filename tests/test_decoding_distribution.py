@@ -72,6 +72,19 @@ def test_ssd_with_no_cap_on_rounds_is_exact(vertical_rows):
     assert g.passes, g
 
 
+@pytest.mark.parametrize("window", [2, 8])
+def test_pipelined_ssd_with_no_cap_is_exact(window):
+    g = g_of(lambda heads: SSDDecoding(heads, verify_rounds=None, window=window), seed=50 + window)
+    assert g.passes, g
+
+
+def test_pipelined_ssd_converges_with_rounds():
+    """On the sliding window the cap counts each cell's own checks, some made before its left context was
+    final: the error still falls with r, and a generous cap is exact."""
+    tests = [g_of(lambda heads, r=r: SSDDecoding(heads, verify_rounds=r, window=4), seed=60 + r) for r in (0, 1, 6)]
+    assert tests[0].statistic > tests[1].statistic > tests[1].bound and tests[2].passes, tests
+
+
 def test_ssd_converges_with_rounds():
     """Blocks here hold 3 cells: the first is exact, each round fixes one more, so r = 2 is already exact."""
     tests = [g_of(lambda heads, r=r: SSDDecoding(heads, verify_rounds=r), seed=30 + r) for r in range(3)]

@@ -45,13 +45,15 @@ def test_exact_greedy_in_bf16_equals_ar_up_to_rounding(seed, eol):
     assert (exact.codes != ar.codes).float().mean() <= 0.1
 
 
-@pytest.mark.parametrize("vertical_rows", [1, 2])
-def test_ssd_with_no_cap_on_rounds_greedy_equals_ar_greedy(vertical_rows):
+@pytest.mark.parametrize(
+    "options", [{"vertical_rows": 1}, {"vertical_rows": 2}, {"window": 8}], ids=["k_v=1", "k_v=2", "pipelined"]
+)
+def test_ssd_with_no_cap_on_rounds_greedy_equals_ar_greedy(options):
     backbone = tiny_backbone(rows=5, cols=7, codebook_size=8)
     sampling = SamplingConfig(temperature=0, guidance_scale=3.0)
     prompts = backbone.encode_prompts(PROMPTS, num_images_per_prompt=2, guidance=True)
     ar = ARDecoding().decode(backbone, prompts, sampling)
-    ssd = SSDDecoding(tiny_heads(backbone), verify_rounds=None, vertical_rows=vertical_rows)
+    ssd = SSDDecoding(tiny_heads(backbone), verify_rounds=None, **options)
     assert torch.equal(ssd.decode(backbone, prompts, sampling).codes, ar.codes)
 
 

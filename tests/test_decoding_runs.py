@@ -52,6 +52,29 @@ def test_ssd_passes_follow_the_formula(grid_backbone, rounds, vertical_rows):
     assert out.codes.shape == (6, ROWS, COLS)
 
 
+@pytest.mark.parametrize("rounds", [0, 1, 3])
+@pytest.mark.parametrize("window", [4, 8, 16])
+def test_pipelined_ssd_verifies_each_cell_at_most_r_times(grid_backbone, rounds, window):
+    """On the sliding window a cell is kept as it is after its r-th verification: no cell is checked, or
+    resampled, more often, and with r = 0 every pass commits its whole window unverified."""
+    out = decode(SSDDecoding(tiny_heads(grid_backbone), verify_rounds=rounds, window=window), grid_backbone)
+    assert len(out.stats.drafted_per_round) <= rounds
+    assert int(out.final_round.max()) <= rounds + 1  # resampled in check k shows k + 1
+    assert (out.codes >= 0).all() and out.stats.rows_completed == ROWS
+    assert out.stats.positions_processed == window * (out.stats.forward_passes - 1)
+    if rounds == 0:  # as `exact` with perfect drafts, each pass commits W of the S positions after the prefill;
+        # one more pass where the window reaches a first-row cell past the horizontal heads' 5, sampled fresh
+        passes = math.ceil(grid_backbone.grid.sequence_length / window)
+        assert out.stats.forward_passes - 1 == passes + (window > 5)
+
+
+def test_pipelined_ssd_with_no_cap_is_exact_draw_for_draw(grid_backbone):
+    heads = tiny_heads(grid_backbone)
+    ssd = decode(SSDDecoding(heads, verify_rounds=None, window=5), grid_backbone)
+    exact = decode(ExactDecoding(heads, window=5), grid_backbone)
+    assert torch.equal(ssd.codes, exact.codes) and ssd.stats.forward_passes == exact.stats.forward_passes
+
+
 def test_rounds_stop_once_every_image_has_converged(grid_backbone):
     """A cap of 100 rounds runs no round after the one that rejected nothing, and reports none."""
     heads = tiny_heads(grid_backbone)
@@ -125,6 +148,8 @@ def test_every_row_is_reported_when_nobody_stops(grid_backbone):
         (lambda heads: SSDDecoding(heads, verify_rounds=-1), "verify_rounds must be >= 0"),
         (lambda heads: SSDDecoding(heads, vertical_rows=3), r"vertical_rows must be in 1..2"),
         (lambda heads: SSDDecoding(heads, horizontal_cells=6), r"horizontal_cells must be in 0..5"),
+        (lambda heads: SSDDecoding(heads, window=0), "window must be a positive number of positions, got 0"),
+        (lambda heads: SSDDecoding(heads, vertical_rows=2, window=8), "pass vertical_rows=1, not 2, or window=None"),
         (lambda heads: make_strategy("medusa", heads), "unknown decoding 'medusa': choose one of ar, ssd, exact"),
         (lambda heads: make_strategy("ssd"), "pass heads=..., or use decoding='ar'"),
     ],

@@ -59,6 +59,8 @@ def test_every_decoding_mode_and_its_statistics(pipe):
     assert len(ssd.stats["acceptance_per_round"]) == 1
     greedy = {d: run(pipe, decoding=d, temperature=0).codes for d in ("ar", "exact")}
     assert torch.equal(greedy["ar"], greedy["exact"])
+    pipelined = run(pipe, decoding="ssd", verify_rounds=0, window=5)  # 4 rows of 4 codes + end-of-line: S = 20
+    assert pipelined.stats["forward_passes"] == 1 + 20 // 5 and pipelined.stats["acceptance_per_round"] == []
 
 
 def test_tuple_output_and_batches_of_prompts(pipe):
@@ -69,7 +71,9 @@ def test_tuple_output_and_batches_of_prompts(pipe):
     assert not interrupted and rows == 4
 
 
-@pytest.mark.parametrize("decoding, options", [("ar", {}), ("ssd", {"vertical_rows": 2}), ("exact", {})])
+@pytest.mark.parametrize(
+    "decoding, options", [("ar", {}), ("ssd", {"vertical_rows": 2}), ("ssd", {"window": 5}), ("exact", {})]
+)
 def test_callback_after_each_row_can_stop_early(pipe, decoding, options):
     """An interrupted image is marked: undecoded rows are -1 in codes and final_round, and black in pixels,
     even where a two-row block had already drafted the row after the last one reported."""
@@ -144,7 +148,7 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"decoding": "exact", "verify_rounds": 2}, "verify_rounds applies to decoding='ssd' only, not 'exact'"),
         ({"decoding": "ar", "verify_rounds": 1}, "verify_rounds applies to decoding='ssd' only, not 'ar'"),
         ({"decoding": "exact", "vertical_rows": 2}, "vertical_rows applies to decoding='ssd' only, not 'exact'"),
-        ({"decoding": "ssd", "window": 4}, "window applies to decoding='exact' only, not 'ssd': drop window."),
+        ({"decoding": "ar", "window": 4}, "window applies to decoding='ssd' or 'exact' only, not 'ar': drop window."),
         ({"decoding": "exact", "window": 0}, "`window` must be an integer >= 1, got 0"),
         ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number, got nan"),
         ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number, got inf"),

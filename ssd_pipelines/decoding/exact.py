@@ -61,10 +61,22 @@ class ExactDecoding(DecodingStrategy):
 
 
 class FrontierRun:
-    """The state of one `exact` call: per image a frontier, codes with their q, and the latest hidden states."""
+    """The state of one `exact` call, or of a pipelined `ssd` one (a cap on each cell's verifications): per image a
+    frontier, codes with their q, and the latest hidden states."""
 
-    def __init__(self, run: DecodeRun, heads: DraftHeads, window: int):
+    def __init__(
+        self,
+        run: DecodeRun,
+        heads: DraftHeads,
+        window: int,
+        max_checks: int | None = None,
+        horizontal: int | None = None,
+    ):
+        """max_checks: None is lossless; k keeps a cell as it is after its k-th verification (pipelined `ssd`).
+        horizontal: first-row cells the horizontal heads draft right of a passed cell (default: all they can)."""
         self.run, self.heads, self.grid = run, heads, run.grid
+        self.max_checks = max_checks
+        self.horizontal = heads.max_horizontal if horizontal is None else horizontal
         grid, device = run.grid, run.codes.device
         self.window = min(window, grid.sequence_length)  # W
         self.cell_at = cells_by_position(grid, device)
@@ -111,9 +123,12 @@ class FrontierRun:
         run.stats.positions_processed += W
         predicting = torch.cat([out[:, :1], out], dim=1)  # position i is predicted by output i - 1 (i >= 1)
         p = run.probs(predicting)  # [B, W + 1, K]; position 0 is final or committed, its p unused
-        todo = ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]
-        fresh = todo & (codes < 0)
-        checked = todo & ~fresh
+        seen = ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]
+        fresh = seen & (codes < 0)
+        checked = seen & ~fresh
+        if self.max_checks is not None:  # lossy: a cell verified max_checks times is kept as it is
+            checked &= self.verifications[batch, cells.clamp_min(0)] < self.max_checks
+        todo = fresh | checked
         q = self.q[batch, cells.clamp_min(0) % self.ring]
         verified, next_q, accepted = verify_round(codes.clamp_min(0), q, p, run.generator)
         new_codes = torch.where(fresh, run.sample(p), verified)
@@ -123,19 +138,20 @@ class FrontierRun:
         # 2. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
         new_done = (starts + committed_positions(changed)).clamp_max(grid.sequence_length)
         exact = changed & (positions == new_done[:, None])  # drawn from its true conditional
-        self._store(cells, todo, checked, changed, exact, new_codes, next_q, predicting)
+        self._store(cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting)
         self.done = torch.maximum(self.done, new_done)
         self._draft()
 
-    def _store(self, cells, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
-        """Write back what the pass gave the cells it touched: codes, their next q, hidden states, final rounds.
+    def _store(self, cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
+        """Write back what the pass gave the cells it touched: codes, their next q, final rounds, and the hidden
+        states of every cell it saw (a cell no longer verified still drafts the cell below it from its latest).
 
         Every window position writes, untouched ones their cell's current values, so nothing waits for the host
         to learn which were touched. Window positions hold distinct cells; end-of-line and past-the-end ones
         write to cell 0, which is final from the prefill and never touched, and to the q ring's spare slot."""
         run = self.run
         cell = cells.clamp_min(0)  # [B, W + 1]
-        both_cell, both_todo = self._both(cell), self._both(todo)
+        both_cell, both_seen = self._both(cell), self._both(seen)
 
         def put(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
             """target[b, index[b, i]] = values[b, i] where `where`, else what it holds; trailing dims follow."""
@@ -145,8 +161,8 @@ class FrontierRun:
 
         put(run.codes, cell, new_codes, todo)
         put(self.q, torch.where(todo, cell % self.ring, self.ring), next_q, todo)
-        put(self.hidden, both_cell, predicting.to(self.hidden.dtype), both_todo)
-        put(self.passed, cell, torch.ones_like(todo), todo)
+        put(self.hidden, both_cell, predicting.to(self.hidden.dtype), both_seen)
+        put(self.passed, cell, torch.ones_like(seen), seen)
         # final_round: a new code drawn exactly is 0, a cell's first code 1, a code changed in check k shows k + 1
         k = self.verifications.gather(1, cell) + checked.long()
         put(self.verifications, cell, k, todo)
@@ -186,13 +202,13 @@ class FrontierRun:
         passed_cols = torch.where(self.passed[:, :cols], torch.arange(cols, device=cells.device), -1)
         base = passed_cols.amax(dim=1, keepdim=True).expand_as(cells)  # [B, W]
         offset = cells - base
-        can = missing & (offset >= 1) & (offset <= self.heads.max_horizontal)
+        can = missing & (offset >= 1) & (offset <= self.horizontal)
         if not bool(can.any()):
             return False
         b, c, src = batch.expand_as(cells)[can], cells[can], base[can]
         h = self.hidden[self._branch_rows(b), self._both(src)]
         e = run.embed_codes(run.codes[b, src])
-        every = self.heads.draft_right(h, e, self.heads.max_horizontal)  # [B' / B * n, k_h, d]
+        every = self.heads.draft_right(h, e, self.horizontal)  # [B' / B * n, k_h, d]
         drafted = every[torch.arange(every.shape[0], device=every.device), self._both(offset[can]) - 1]
         self._take_drafts(b, c, drafted)
         return True

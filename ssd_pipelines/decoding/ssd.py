@@ -29,6 +29,7 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import verify_round
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
+from .exact import FrontierRun
 
 
 class SSDDecoding(DecodingStrategy):
@@ -42,13 +43,23 @@ class SSDDecoding(DecodingStrategy):
         verify_rounds: int | None = 2,
         vertical_rows: int = 1,
         horizontal_cells: int | None = None,
+        window: int | None = None,
     ):
-        """verify_rounds: the most verification rounds a block gets (None: no cap, which is `exact`)."""
+        """verify_rounds: the most verification rounds a block gets (None: no cap, which is `exact`).
+        window: pipeline the rows on `exact`'s sliding window of this many positions, each cell verified at
+        most verify_rounds times (see `FrontierRun`); None decodes the paper's blocks."""
         if verify_rounds is not None and verify_rounds < 0:
             raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
         if not 1 <= vertical_rows <= heads.max_vertical:
             raise ValueError(
                 f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
+            )
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive number of positions, got {window!r}.")
+        if window is not None and vertical_rows != 1:
+            raise ValueError(
+                f"a window drafts each cell from the one above it: pass vertical_rows=1, not {vertical_rows}, "
+                "or window=None for blocks of vertical_rows rows."
             )
         horizontal_cells = heads.max_horizontal if horizontal_cells is None else horizontal_cells
         if not 0 <= horizontal_cells <= heads.max_horizontal:
@@ -59,6 +70,7 @@ class SSDDecoding(DecodingStrategy):
         self.verify_rounds = verify_rounds
         self.vertical_rows = vertical_rows  # k_v
         self.horizontal_cells = horizontal_cells  # k_h
+        self.window = window
 
     def plan_blocks(self, grid) -> list[Block]:
         """First row in chunks of 1 + k_h cells, then k_v rows at a time."""
@@ -74,6 +86,9 @@ class SSDDecoding(DecodingStrategy):
 
     def _decode(self, run: DecodeRun) -> None:
         self.heads.check_compatible(run.backbone)
+        if self.window is not None:
+            FrontierRun(run, self.heads, self.window, self.verify_rounds, self.horizontal_cells).decode()
+            return
         state, h_next = run.prefill()  # h_next: [B', d], predicts the first cell of the next block
         blocks = self.plan_blocks(run.grid)
         rounds = RoundCounter()
