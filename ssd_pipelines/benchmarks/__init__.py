@@ -5,6 +5,7 @@ ssd-bench reference    # adherence and speed of every decoding on the reference 
 ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
+ssd-bench pipelined    # ssd in row blocks against ssd pipelined on the window: passes, quality -> docs/ssd_pipelined.md
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BENCHMARKS = {
     "sweep": "Reference model: AR adherence under sampling settings",
     "peers": "SSD against AR and the published peers: speed, quality, scaling",
     "window": "Reference model: exact's speed against its window size",
+    "pipelined": "Reference model: ssd in row blocks against ssd pipelined, passes and quality",
 }
 
 
