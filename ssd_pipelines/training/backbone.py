@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
+from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from ..backbones import GridTokens
@@ -228,6 +229,7 @@ def train_backbone(
     buckets = LengthBuckets(data.captions, config.batch_size, config.seed + first)
     rng = np.random.default_rng(config.seed + 1 + first)
     started, recent = time.perf_counter(), []
+    bar = progress_bar(config)
     for step in range(config.steps):
         elapsed = time.perf_counter() - started
         if config.max_minutes > 0 and elapsed > 60 * config.max_minutes:
@@ -247,6 +249,7 @@ def train_backbone(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         recent.append(loss.item())
+        bar.update(min(time.perf_counter() - started, bar.total) - bar.n if config.max_minutes > 0 else 1)
         if (step + 1) % config.log_every == 0:
             entry = {
                 "step": first + step + 1,
@@ -255,12 +258,24 @@ def train_backbone(
                 "seconds": time.perf_counter() - started,
             }
             log["loss"].append(entry)
-            print(json.dumps(entry), flush=True)
+            bar.set_postfix(step=entry["step"], loss=f"{entry['loss']:.3f}", lr=f"{entry['lr']:.1e}")
             recent = []
+    bar.close()
     log["steps_run"] = step + 1
     log["train_seconds"] = time.perf_counter() - started
     log["parameters"] = sum(p.numel() for p in model.parameters())
     return model.cpu().eval(), log
+
+
+def progress_bar(config: BackboneConfig) -> tqdm:
+    """Over the time budget when there is one (its ETA is then when the run stops), else over the steps;
+    the latest logged loss, lr and step ride along."""
+    if config.max_minutes > 0:
+        return tqdm(total=round(60 * config.max_minutes), unit="s", desc="training (time budget)", bar_format=TIME_BAR)
+    return tqdm(total=config.steps, unit="step", desc="training")
+
+
+TIME_BAR = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}"
 
 
 def main(argv: list[str] | None = None) -> None:
