@@ -17,6 +17,7 @@ from ssd_pipelines.training.backbone import (
     reference_grid_tokens,
     train_backbone,
     training_batch,
+    training_seeds,
 )
 from ssd_pipelines.training.encoded_scenes import encode_scenes
 
@@ -86,3 +87,11 @@ def test_a_run_continues_from_a_saved_backbone_and_refuses_another_layout(tmp_pa
     other_codebook = reference_grid_tokens(tokenizer, 16)
     with pytest.raises(ValueError, match="does not match the expected"):
         build_backbone(replace(TINY, init=str(tmp_path / "earlier")), other_codebook, tokenizer)
+
+
+def test_task_weights_choose_the_training_scenes():
+    assert training_seeds(replace(TINY, images=12)) == range(12)
+    weighted = training_seeds(replace(TINY, images=12, task_weights="color_attr=2, position=4"))
+    assert len(weighted) == 12 and weighted != list(range(12))
+    with pytest.raises(ValueError, match="task weight 'position' is not task=number, e.g. color_attr=3"):
+        training_seeds(replace(TINY, task_weights="position"))

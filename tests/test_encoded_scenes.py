@@ -29,3 +29,12 @@ def test_a_cache_of_other_seeds_another_vq_or_a_corrupt_file_is_refused(tmp_path
     cache.write_bytes(cache.read_bytes()[:100])
     with pytest.raises(ValueError, match="not a readable scene cache"):
         cached_scenes(vq, tokenizer, range(3), cache)
+
+
+def test_a_cache_of_chosen_seeds_names_them_by_digest(tmp_path):
+    tokenizer, vq, cache = build_caption_tokenizer(), tiny_vqvae(), tmp_path / "scenes.safetensors"
+    written = cached_scenes(vq, tokenizer, [4, 2, 9], cache)
+    assert torch.equal(written.codes[1], cached_scenes(vq, tokenizer, range(2, 3)).codes[0])
+    assert torch.equal(cached_scenes(vq, tokenizer, [4, 2, 9], cache).codes, written.codes)
+    with pytest.raises(ValueError, match=r"holds the scenes of seeds 3 seeds, sha256 \w+, not this run's 3 seeds"):
+        cached_scenes(vq, tokenizer, [4, 2, 8], cache)

@@ -20,6 +20,8 @@ from ssd_pipelines.reference.scenes import (
     iter_scenes,
     make_dataset,
     sample_scene,
+    task_of,
+    weighted_seeds,
 )
 
 
@@ -135,3 +137,17 @@ def test_heldout_split():
     assert np.array_equal(held[0].image, sample_scene(HELDOUT_SEED_START).image)
     train_stream = list(iter_scenes(HELDOUT_SEED_START - 2))
     assert len(train_stream) == 2
+
+
+def test_task_of_a_seed_is_its_scenes_task_without_rendering(scenes):
+    assert [task_of(123 + i) for i in range(len(scenes))] == [scene.spec.task for scene in scenes]
+
+
+def test_weighted_seeds_come_in_the_task_proportions():
+    seeds = weighted_seeds(800, {"color_attr": 2, "position": 2})
+    counts = {task: sum(task_of(s) == task for s in seeds) for task in TASKS}
+    assert counts == {**dict.fromkeys(TASKS, 100), "color_attr": 200, "position": 200}
+    assert seeds == sorted(set(seeds)) and seeds[0] == 0 and not is_heldout(seeds[-1])
+    assert weighted_seeds(600, {}) != list(range(600))  # equal shares, not the first 600 seeds
+    with pytest.raises(ValueError, match="unknown task.*colour_attr: choose among single_object"):
+        weighted_seeds(10, {"colour_attr": 2})

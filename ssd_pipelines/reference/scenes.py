@@ -279,10 +279,42 @@ def _claims(rng: np.random.Generator, task: str) -> tuple[tuple[ObjectSpec, ...]
     return objs, (_pick(rng, RELATIONS)[0] if task == "position" else None)
 
 
+def task_of(seed: int) -> str:
+    """The task of scene ``seed``, without rendering it: the first draw of its generator."""
+    return _draw_task(np.random.default_rng(seed))
+
+
+def _draw_task(rng: np.random.Generator) -> str:
+    return TASKS[int(rng.integers(len(TASKS)))]
+
+
+def weighted_seeds(count: int, weights: dict[str, float]) -> list[int]:
+    """``count`` training seeds, from 0 upward, whose tasks come in proportion to ``weights`` (a task not named
+    weighs 1): more scenes of the tasks a model fails, each a scene of the training split."""
+    unknown = set(weights) - set(TASKS)
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(sorted(unknown))}: choose among {', '.join(TASKS)}")
+    if any(w < 0 for w in weights.values()):
+        raise ValueError(f"task weights must be >= 0, got {weights}")
+    share = np.array([weights.get(task, 1.0) for task in TASKS], dtype=float)
+    quota = np.floor(count * share / share.sum()).astype(int)
+    quota[np.argsort(-share, kind="stable")[: count - quota.sum()]] += 1  # the rounding remainder
+    wanted = dict(zip(TASKS, quota.tolist()))
+    seeds, seed = [], 0
+    while len(seeds) < count:
+        task = task_of(seed)
+        if wanted[task] > 0:
+            wanted[task] -= 1
+            seeds.append(seed)
+        seed += 1
+    _check_split(0, seed)
+    return seeds
+
+
 def sample_scene(seed: int) -> Scene:
     """The scene of ``seed``: task, caption, spec and rendered image."""
     rng = np.random.default_rng(seed)
-    task = TASKS[int(rng.integers(len(TASKS)))]
+    task = _draw_task(rng)
     objects, relation = _claims(rng, task)
     items = [
         (o.shape, o.color or _pick(rng, COLORS)[0], o.size or _pick(rng, SIZES)[0])

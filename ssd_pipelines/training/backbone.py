@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
+from ..reference.scenes import weighted_seeds
 from .encoded_scenes import EncodedScenes, cached_scenes
 from .training_state import load_optimizer_state, save_training_state
 
@@ -42,7 +44,8 @@ class BackboneConfig:
     layers: int = 6
     attention_heads: int = 4
     intermediate_size: int = 688
-    images: int = 26_000  # training scenes, seeds 0..images-1 (the training split)
+    images: int = 26_000  # training scenes, seeds 0..images-1 (the training split) unless task_weights is set
+    task_weights: str = ""  # e.g. "color_attr=3,position=3": scenes per task in these proportions (others 1)
     steps: int = 800
     batch_size: int = 32
     lr: float = 1e-3
@@ -58,6 +61,21 @@ class BackboneConfig:
     resume: str = ""  # an earlier "wsd" run's state/ folder: its weights and Adam moments where its decay began
     scene_cache: str = ""  # safetensors file of the encoded scenes: read when present, else written
     device: str = ""  # torch device; default: cuda when available (bf16 autocast there), else cpu
+
+
+def training_seeds(config: BackboneConfig) -> Sequence[int]:
+    """The scenes a run trains on: the first `images` of the training split, or as many in the task proportions
+    of `task_weights`."""
+    if not config.task_weights:
+        return range(config.images)
+    weights = {}
+    for item in config.task_weights.split(","):
+        task, _, weight = item.partition("=")
+        try:
+            weights[task.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"task weight {item!r} is not task=number, e.g. color_attr=3") from None
+    return weighted_seeds(config.images, weights)
 
 
 def reference_grid_tokens(tokenizer: PreTrainedTokenizerBase, codebook_size: int) -> GridTokens:
@@ -219,7 +237,7 @@ def train_backbone(
     started = time.perf_counter()
     device = training_device(config.device)
     cache = Path(config.scene_cache) if config.scene_cache else None
-    data = data or cached_scenes(vq, tokenizer, range(config.images), cache)
+    data = data or cached_scenes(vq, tokenizer, training_seeds(config), cache)
     log = {"config": asdict(config), "encode_seconds": time.perf_counter() - started, "loss": []}
     model = build_backbone(config, tokens, tokenizer).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))

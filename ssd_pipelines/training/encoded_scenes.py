@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,11 @@ class EncodedScenes:
 
 
 def encode_scenes(
-    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, batch_size: int = 256
+    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], batch_size: int = 256
 ) -> EncodedScenes:
     captions, codes = [], []
-    for start in range(seeds.start, seeds.stop, batch_size):
-        scenes = [sample_scene(s) for s in range(start, min(start + batch_size, seeds.stop))]
+    for start in range(0, len(seeds), batch_size):
+        scenes = [sample_scene(s) for s in seeds[start : start + batch_size]]
         captions += [tokenizer(s.caption, add_special_tokens=False)["input_ids"] for s in scenes]
         codes.append(encode_images(vq, np.stack([s.image for s in scenes])).cpu())
     return EncodedScenes(captions, torch.cat(codes))
@@ -53,18 +54,26 @@ def source_fingerprint(vq: VQModel, tokenizer: PreTrainedTokenizerBase) -> str:
     return digest.hexdigest()
 
 
-def save_scenes(data: EncodedScenes, path: Path, seeds: range, fingerprint: str) -> None:
+def seeds_tag(seeds: Sequence[int]) -> str:
+    """How a cache names its seeds: "start-stop" for a range, else their count and a digest."""
+    if isinstance(seeds, range) and seeds.step == 1:
+        return f"{seeds.start}-{seeds.stop}"
+    digest = hashlib.sha256(np.asarray(seeds, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return f"{len(seeds)} seeds, sha256 {digest}"
+
+
+def save_scenes(data: EncodedScenes, path: Path, seeds: Sequence[int], fingerprint: str) -> None:
     lengths = torch.tensor([len(c) for c in data.captions], dtype=torch.int32)
     captions = torch.full((len(data.captions), int(lengths.max())), -1, dtype=torch.int32)
     for row, caption in enumerate(data.captions):
         captions[row, : len(caption)] = torch.tensor(caption, dtype=torch.int32)
     tensors = {"captions": captions, "caption_lengths": lengths, "codes": data.codes.to(torch.int16)}
-    metadata = {"seeds": f"{seeds.start}-{seeds.stop}", "source": fingerprint}
+    metadata = {"seeds": seeds_tag(seeds), "source": fingerprint}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=metadata)
 
 
-def load_scenes(path: Path, seeds: range, fingerprint: str) -> EncodedScenes:
+def load_scenes(path: Path, seeds: Sequence[int], fingerprint: str) -> EncodedScenes:
     """Read a cache; refuse one written for other seeds, another VQ or another caption vocabulary."""
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -79,7 +88,7 @@ def load_scenes(path: Path, seeds: range, fingerprint: str) -> EncodedScenes:
             f"{path} was encoded by another VQ or caption vocabulary than this run's: "
             "pass another --scene-cache path, or delete it to encode again"
         )
-    wanted = f"{seeds.start}-{seeds.stop}"
+    wanted = seeds_tag(seeds)
     if metadata.get("seeds") != wanted:
         raise ValueError(
             f"{path} holds the scenes of seeds {metadata.get('seeds')}, not this run's {wanted}: "
@@ -90,7 +99,7 @@ def load_scenes(path: Path, seeds: range, fingerprint: str) -> EncodedScenes:
 
 
 def cached_scenes(
-    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: range, cache: Path | None = None
+    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], cache: Path | None = None
 ) -> EncodedScenes:
     """The scenes of `seeds`, read from `cache` when it exists, else encoded (and written there if given)."""
     if cache is None:
