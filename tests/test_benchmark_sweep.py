@@ -28,10 +28,26 @@ def test_sweep_prints_one_row_per_setting_against_the_first(tmp_path, capsys):
         ]
     )
     printed = capsys.readouterr().out
-    rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| guidance")]
+    overall, per_task = printed.split("Adherence per task")
+    rows = [line for line in overall.splitlines() if line.startswith("| ") and not line.startswith("| guidance")]
     assert [row.split(" | ")[:3] for row in rows] == [["| 3", "1", "-"], ["| 1", "1", "-"], ["| 3", "0.5", "4"]]
     assert rows[0].endswith("| - |") and "+-" in rows[1] and "+-" in rows[2]
+    assert "| guidance | temperature | top-k | position | single_object |\n|---|---|---|---|---|\n" in per_task
+    assert per_task.count("\n| 3 | 1 | - | ") == 1
     assert out.read_text().endswith(printed)
+
+
+def test_sweep_compares_models_on_the_same_prompts(tmp_path, capsys):
+    pipe = tiny_pipeline(rows=16, cols=16)
+    models = [str(tmp_path / "model0"), str(tmp_path / "model1")]
+    for model in models:
+        pipe.save_pretrained(model)
+    out = ["--out", str(tmp_path / "models.md")]
+    main(["--model", models[0], "--model", models[1], "--setting", "guidance=3", "--prompts", "3", *out])
+    overall = capsys.readouterr().out.split("Adherence per task")[0]
+    rows = [line for line in overall.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    assert [row.split(" | ")[0][2:] for row in rows] == models
+    assert rows[0].endswith("| - |") and rows[1].endswith("| +0.000 +- 0.000 |")  # the same weights, draw for draw
 
 
 def test_sweep_rejects_a_bad_setting_before_loading_a_model(capsys):

@@ -102,10 +102,11 @@ def versus_baseline(results: list[dict], baseline: list[dict], images_per_prompt
     return f"{diff:+.3f} +- {se:.3f}"
 
 
-def per_task_table(quality: list[dict]) -> list[str]:
-    """One row per decoding, one column per GenEval task: where adherence is lost."""
+def per_task_table(quality: list[dict], head: str = "decoding") -> list[str]:
+    """One row per decoding (or what `head` names, its columns joined by " | "), one column per GenEval task:
+    where adherence is lost."""
     tasks = list(quality[0]["per_task"])
-    lines = ["| decoding | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    lines = [f"| {head} | " + " | ".join(tasks) + " |", "|" + "---|" * (head.count("|") + 1 + len(tasks))]
     for q in quality:
         lines.append(f"| {q['label']} | " + " | ".join(f"{q['per_task'][t]:.3f}" for t in tasks) + " |")
     return lines

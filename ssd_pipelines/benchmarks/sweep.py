@@ -1,12 +1,13 @@
 """AR adherence of the reference model under several sampling settings, side by side.
 
 Which guidance scale, temperature or top-k makes the model follow its prompts
-best: each setting generates the same held-out prompts with the same seeds, and
-is compared with the first setting by the paired difference `ssd-bench reference`
-uses.
+best, and which of several trained models does: each setting, on each model, generates
+the same held-out prompts with the same seeds, and is compared with the first by the
+paired difference `ssd-bench reference` uses.
 
     ssd-bench sweep                                  # the default settings -> docs/reference_sweep.md
     ssd-bench sweep --setting guidance=3 --setting guidance=5,top_k=50
+    ssd-bench sweep --model hub_cards/ssd-reference --model runs/candidate --setting guidance=3 --out runs/vs.md
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import report
-from .reference import adherence, versus_baseline
+from .reference import adherence, per_task_table, versus_baseline
 
 SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
 DEFAULT_SETTINGS = [
@@ -51,7 +52,9 @@ def describe(setting: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
+    parser.add_argument(
+        "--model", action="append", help="pipeline folder or repository, repeatable (default: the reference model)"
+    )
     parser.add_argument(
         "--setting", action="append", help="key=value[,key=value] of guidance, temperature, top_k; repeatable"
     )
@@ -65,35 +68,41 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
 
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    models = args.model or [default_model()]
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
     scores = []
-    with tqdm(total=len(settings) * len(scenes) * args.images_per_prompt, desc="sweep", unit="image") as progress:
-        for setting in settings:
-            options = {"decoding": "ar", "temperature": setting["temperature"], "top_k": setting["top_k"] or None}
-            scores.append(
-                adherence(
-                    pipe,
-                    describe(setting),
-                    options,
-                    scenes,
-                    args.images_per_prompt,
-                    args.batch_size,
-                    setting["guidance"],
-                    progress,
+    total = len(models) * len(settings) * len(scenes) * args.images_per_prompt
+    with tqdm(total=total, desc="sweep", unit="image") as progress:
+        for model in models:
+            pipe = SSDAutoregressivePipeline.from_pretrained(model, dtype=torch.float32)
+            pipe.set_progress_bar_config(disable=True)
+            for setting in settings:
+                options = {"decoding": "ar", "temperature": setting["temperature"], "top_k": setting["top_k"] or None}
+                label = describe(setting) if len(models) == 1 else f"{model} | {describe(setting)}"
+                scores.append(
+                    adherence(
+                        pipe,
+                        label,
+                        options,
+                        scenes,
+                        args.images_per_prompt,
+                        args.batch_size,
+                        setting["guidance"],
+                        progress,
+                    )
                 )
-            )
+    head = ("model | " if len(models) > 1 else "") + "guidance | temperature | top-k"
     lines = [
-        f"AR decoding, {args.prompts} held-out prompts, {args.images_per_prompt} image(s) each, the same seeds per setting.",
+        f"AR decoding, {args.prompts} held-out prompts, {args.images_per_prompt} image(s) each, the same seeds.",
         "",
-        "| guidance | temperature | top-k | adherence | vs first row (paired, +- s.e.) |",
-        "|---|---|---|---|---|",
+        f"| {head} | adherence | vs first row (paired, +- s.e.) |",
+        "|" + "---|" * (head.count("|") + 3),
     ]
     baseline = scores[0]["results"]
     for score in scores:
         versus = versus_baseline(score["results"], baseline, args.images_per_prompt)
         lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} |")
+    lines += ["", "Adherence per task:", "", *per_task_table(scores, head)]
     report(lines, args.out, "Reference model: adherence under sampling settings", "ssd-bench sweep")
 
 
