@@ -3,6 +3,7 @@
 ssd-generate "a red circle left of a blue square" --out out.png
 ssd-generate "two green squares" --out out.png --decoding exact --json
 ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside it, speedup printed
+ssd-generate "a blue ring" --out out.png --num-images 4 --compare --grid grid.png  # one labelled sheet of all
 
 Existing files are never overwritten unless --overwrite is given.
 """
@@ -14,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import PIL.Image
 import torch
 
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compare", action="store_true", help="also decode with ar (same prompt and seed), print the speedup"
     )
+    parser.add_argument(
+        "--grid", type=Path, default=None, help="also write one labelled sheet: a row per decoding, a column per image"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace image files that already exist")
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
@@ -89,6 +94,10 @@ def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"--out {args.out}: cannot write {suffix or 'files without an extension'}; use .png, .jpg, .webp")
     tags = [""] + (["-ar"] if args.compare else [])
     taken = [str(p) for tag in tags for p in output_paths(args.out, args.num_images, tag) if p.exists()]
+    if args.grid is not None:
+        if args.grid.suffix.lower() not in writable:
+            parser.error(f"--grid {args.grid}: cannot write {args.grid.suffix or 'files without an extension'}")
+        taken += [str(args.grid)] if args.grid.exists() else []
     if taken and not args.overwrite:
         parser.error(f"{', '.join(taken)} already exist: pass --overwrite to replace them, or choose another --out")
 
@@ -117,7 +126,7 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
     paths = output_paths(args.out, len(out.images), "" if decoding == args.decoding else f"-{decoding}")
     for image, path in zip(out.images, paths):
         image.save(path)
-    return out.stats, [str(p) for p in paths]
+    return out.stats, [str(p) for p in paths], out.images
 
 
 def describe(stats: dict, files: list[str]) -> str:
@@ -138,14 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=dtype).to(args.device)
         pipe.set_progress_bar_config(disable=args.json)
-        stats, files = generate(pipe, args, args.decoding)
+        stats, files, images = generate(pipe, args, args.decoding)
     except ValueError as error:  # bad input: the message says what to change
         print(f"ssd-generate: error: {error}", file=sys.stderr)
         return 2
     report = {"prompt": args.prompt, "decoding": stats, "files": files}
     lines = [describe(stats, files)]
+    sheet = {row_label(args, args.decoding, stats): images}
     if args.compare:
-        baseline, baseline_files = generate(pipe, args, "ar")
+        baseline, baseline_files, baseline_images = generate(pipe, args, "ar")
+        sheet[row_label(args, "ar", baseline)] = baseline_images
         report["ar"] = {**baseline, "files": baseline_files}
         report["speedup"] = {
             "forward_passes": baseline["forward_passes"] / stats["forward_passes"],
@@ -158,8 +169,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"{report['speedup']['seconds']:.1f}x less time"
             ),
         ]
+    if args.grid is not None:
+        write_sheet(sheet, args)
+        report["grid"] = str(args.grid)
+        lines.append(f"sheet -> {args.grid}")
     print(json.dumps(report, indent=2) if args.json else "\n".join(lines))
     return 0
+
+
+def row_label(args: argparse.Namespace, decoding: str, stats: dict) -> str:
+    rounds = f" r={args.rounds}" if decoding == "ssd" and args.rounds is not None else ""
+    return f"{decoding}{rounds}, {stats['forward_passes']} passes"
+
+
+def write_sheet(rows: dict[str, list], args: argparse.Namespace) -> None:
+    """The images of every decoding on one labelled sheet: a row per decoding, a column per image."""
+    from .benchmarks.plots import image_grid
+
+    arrays = {label: np.stack([np.asarray(image.convert("RGB")) for image in images]) for label, images in rows.items()}
+    captions = [f"image {i}, seed {args.seed}" for i in range(args.num_images)]
+    args.grid.parent.mkdir(parents=True, exist_ok=True)
+    image_grid(arrays, captions, args.grid)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,22 @@ def test_json_and_compare_save_both_images_and_the_speedup(model_dir, tmp_path, 
     assert report["speedup"]["forward_passes"] == pytest.approx(passes)
 
 
+def test_grid_puts_every_decodings_images_on_one_sheet(model_dir, tmp_path, capsys):
+    """A row per decoding (130 px of label, then 32 px tiles and 4 px gaps), a column per image."""
+    sheet, out = tmp_path / "sheets" / "grid.png", str(tmp_path / "img.png")
+    args = ["a red circle", "--out", out, "--model", str(model_dir), "--num-images", "3", "--compare", "--json"]
+    main([*args, "--grid", str(sheet)])
+    report = json.loads(capsys.readouterr().out)
+    assert report["grid"] == str(sheet)
+    grid = PIL.Image.open(sheet).convert("RGB")
+    assert grid.size == (130 + 3 * (32 + 4), 66 + 2 * (32 + 4))
+    first_ar = PIL.Image.open(report["ar"]["files"][0]).convert("RGB").resize((32, 32), PIL.Image.NEAREST)
+    assert grid.crop((130, 66 + 36, 130 + 32, 66 + 36 + 32)).tobytes() == first_ar.tobytes()  # row 2: ar
+    with pytest.raises(SystemExit):  # the sheet exists now: refused like any image file
+        main(["a", "--out", str(tmp_path / "new.png"), "--model", str(model_dir), "--grid", str(sheet)])
+    assert f"{sheet} already exist: pass --overwrite" in capsys.readouterr().err
+
+
 def test_exact_decoding_from_the_command_line(model_dir, tmp_path, capsys):
     main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "exact", "--json"])
     assert json.loads(capsys.readouterr().out)["decoding"]["strategy"] == "exact"
