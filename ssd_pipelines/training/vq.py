@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel
+from tqdm.auto import tqdm
 
 from ..reference.scenes import HELDOUT_SEED_START, IMAGE_SIZE, make_dataset, sample_scene
 from ..vq import decode_codes, encode_images, images_to_tensor
@@ -50,7 +51,7 @@ class VQConfig:
     restart_until: float = 0.8
     seed: int = 0
     eval_images: int = 256
-    print_every: int = 25
+    print_every: int = 25  # steps between updates of the progress bar's loss, PSNR and codebook use
 
 
 def build_vq(config: VQConfig) -> VQModel:
@@ -146,7 +147,8 @@ def train_vq(config: VQConfig) -> tuple[VQModel, dict]:
     counts = torch.zeros(config.num_vq_embeddings, dtype=torch.long)
     log: dict = {"config": asdict(config), "loss": [], "recon_loss": [], "vq_loss": [], "restarts": []}
     start = time.time()
-    for step in range(config.steps):
+    bar = tqdm(range(config.steps), desc="training VQ", unit="step")
+    for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = config.lr * _lr_factor(step, config)
         x = _batch(step, config)
@@ -169,11 +171,12 @@ def train_vq(config: VQConfig) -> tuple[VQModel, dict]:
             log[key].append(round(value.item(), 5))
         if step % config.print_every == 0 or step == config.steps - 1:
             psnr = float(_psnr((recon.detach() + 1) / 2, (x + 1) / 2).mean())
-            print(
-                f"step {step:5d} loss {loss.item():.4f} recon {recon_loss.item():.4f} vq {vq_loss.item():.4f} "
-                f"batch_psnr {psnr:.2f} lr {optimizer.param_groups[0]['lr']:.2e} "
-                f"codes_used_since_restart {int((counts > 0).sum())} elapsed {time.time() - start:.0f}s",
-                flush=True,
+            bar.set_postfix(
+                loss=f"{loss.item():.4f}",
+                recon=f"{recon_loss.item():.4f}",
+                psnr=f"{psnr:.2f}",
+                lr=f"{optimizer.param_groups[0]['lr']:.1e}",
+                codes_used=int((counts > 0).sum()),
             )
     vq.eval()
     log["train_seconds"] = round(time.time() - start, 1)
