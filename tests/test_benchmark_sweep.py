@@ -24,6 +24,7 @@ def test_sweep_prints_one_row_per_setting_against_the_first(tmp_path, capsys):
     main(
         [
             *("--model", str(tmp_path / "model"), "--prompts", "3", "--batch-size", "2", "--out", str(out)),
+            *("--reference-renders", "16"),
             *(arg for setting in settings for arg in ("--setting", setting)),
         ]
     )
@@ -31,7 +32,8 @@ def test_sweep_prints_one_row_per_setting_against_the_first(tmp_path, capsys):
     overall, per_task = printed.split("Adherence per task")
     rows = [line for line in overall.splitlines() if line.startswith("| ") and not line.startswith("| guidance")]
     assert [row.split(" | ")[:3] for row in rows] == [["| 3", "1", "-"], ["| 1", "1", "-"], ["| 3", "0.5", "4"]]
-    assert rows[0].endswith("| - |") and "+-" in rows[1] and "+-" in rows[2]
+    assert rows[0].split(" | ")[-2] == "-" and "+-" in rows[1] and "+-" in rows[2]
+    assert all(float(row.split(" | ")[-1].strip(" |")) > 0 for row in rows)  # a Fréchet distance each
     assert "| guidance | temperature | top-k | position | single_object |\n|---|---|---|---|---|\n" in per_task
     assert per_task.count("\n| 3 | 1 | - | ") == 1
     assert out.read_text().endswith(printed)
@@ -42,12 +44,13 @@ def test_sweep_compares_models_on_the_same_prompts(tmp_path, capsys):
     models = [str(tmp_path / "model0"), str(tmp_path / "model1")]
     for model in models:
         pipe.save_pretrained(model)
-    out = ["--out", str(tmp_path / "models.md")]
+    out = ["--out", str(tmp_path / "models.md"), "--reference-renders", "16"]
     main(["--model", models[0], "--model", models[1], "--setting", "guidance=3", "--prompts", "3", *out])
     overall = capsys.readouterr().out.split("Adherence per task")[0]
     rows = [line for line in overall.splitlines() if line.startswith("| ") and not line.startswith("| model")]
     assert [row.split(" | ")[0][2:] for row in rows] == models
-    assert rows[0].endswith("| - |") and rows[1].endswith("| +0.000 +- 0.000 |")  # the same weights, draw for draw
+    assert rows[0].split(" | ")[-2] == "-" and rows[1].split(" | ")[-2] == "+0.000 +- 0.000"  # the same weights
+    assert rows[0].split(" | ")[-1] == rows[1].split(" | ")[-1]  # draw for draw: the same Fréchet distance
 
 
 def test_sweep_rejects_a_bad_setting_before_loading_a_model(capsys):

@@ -71,6 +71,7 @@ def adherence(
         "per_task": report["per_task"],
         "results": report["results"],
         "acceptance": acceptance,
+        "images": images,
     }
 
 

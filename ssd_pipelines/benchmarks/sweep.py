@@ -3,7 +3,8 @@
 Which guidance scale, temperature or top-k makes the model follow its prompts
 best, and which of several trained models does: each setting, on each model, generates
 the same held-out prompts with the same seeds, and is compared with the first by the
-paired difference `ssd-bench reference` uses.
+paired difference `ssd-bench reference` uses. The Fréchet distance of `ssd-bench peers`
+(to real renders of held-out captions) says whether the images themselves got better.
 
     ssd-bench sweep                                  # the default settings -> docs/reference_sweep.md
     ssd-bench sweep --setting guidance=3 --setting guidance=5,top_k=50
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..reference.quality import frechet_distance, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import report
 from .reference import adherence, per_task_table, versus_baseline
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per setting")
     parser.add_argument("--images-per-prompt", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
+    parser.add_argument(
+        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/reference_sweep.md"))
     args = parser.parse_args(argv)
     try:
@@ -95,13 +100,16 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"AR decoding, {args.prompts} held-out prompts, {args.images_per_prompt} image(s) each, the same seeds.",
         "",
-        f"| {head} | adherence | vs first row (paired, +- s.e.) |",
-        "|" + "---|" * (head.count("|") + 3),
+        f"| {head} | adherence | vs first row (paired, +- s.e.) | Fréchet |",
+        "|" + "---|" * (head.count("|") + 4),
     ]
+    net = load_quality_net()
+    reference = image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(args.reference_renders)])
     baseline = scores[0]["results"]
     for score in scores:
         versus = versus_baseline(score["results"], baseline, args.images_per_prompt)
-        lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} |")
+        frechet = frechet_distance(image_features(net, score["images"]), reference)
+        lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} | {frechet:.0f} |")
     lines += ["", "Adherence per task:", "", *per_task_table(scores, head)]
     report(lines, args.out, "Reference model: adherence under sampling settings", "ssd-bench sweep")
 
