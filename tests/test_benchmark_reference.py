@@ -13,7 +13,7 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
     main(
         [
             *("--model", str(tmp_path / "model"), "--prompts", "3", "--images-per-prompt", "2"),
-            *("--batch-size", "4", "--repeats", "1", "--out", str(out)),
+            *("--batch-size", "4", "--repeats", "1", "--reference-renders", "16", "--out", str(out)),
         ]
     )
     printed = capsys.readouterr().out
@@ -25,6 +25,8 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
 
     assert decodings(overall) == decodings(per_task) == list(DECODINGS)
     assert "| ar | " in printed and "| 256 | 1.0x |" in printed  # AR: one pass per code of 16 x 16
+    ar = next(line for line in overall.splitlines() if line.startswith("| ar |")).split(" | ")
+    assert ar[2] == "-" and float(ar[3]) > 0  # no paired difference to itself; a Fréchet distance
     assert out.read_text().endswith(printed)
 
 

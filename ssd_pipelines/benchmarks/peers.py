@@ -34,7 +34,7 @@ from tqdm import tqdm
 from ..cli import default_model
 from ..decoding import make_strategy
 from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.quality import frechet_distance, image_features, load_quality_net
+from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
 from ..vq import encode_images
@@ -142,7 +142,7 @@ def real_reference(pipe, net, renders: int, compared: int) -> tuple[np.ndarray, 
     """Features of real renders of the first `renders` held-out captions (the prompts' own among them), and two
     floors of the measure: the Fréchet distance to them of `compared` real renders of other held-out scenes, and
     of the same renders through the VQ tokenizer (encoded to codes and decoded), the best any decoding can do."""
-    reference = image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(renders)])
+    reference = heldout_features(net, renders)
     others = np.stack([sample_scene(HELDOUT_SEED_START + 500_000 + i).image for i in range(compared)])
     round_trip = to_uint8(pipe.image_backbone.decode_codes(encode_images(pipe.vqvae, others)))
     floors = {

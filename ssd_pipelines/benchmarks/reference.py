@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
+from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import format_rates, report
 
@@ -30,6 +31,7 @@ DECODINGS: dict[str, dict] = {
     "ssd r=0": {"decoding": "ssd", "verify_rounds": 0},
     "ssd r=1": {"decoding": "ssd", "verify_rounds": 1},
     "ssd r=2": {"decoding": "ssd", "verify_rounds": 2},
+    "ssd W=17 r=4": {"decoding": "ssd", "verify_rounds": 4, "window": 17},  # pipelined on one row (17 positions)
     "exact": {"decoding": "exact"},
 }
 
@@ -143,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
     parser.add_argument("--repeats", type=int, default=5, help="single-image timings per decoding (median)")
     parser.add_argument("--guidance", type=float, default=3.0)
+    parser.add_argument(
+        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/reference_benchmark.md"))
     args = parser.parse_args(argv)
 
@@ -165,18 +170,22 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "",
         (
-            "| decoding | adherence | vs AR (paired, +- s.e.) | passes / image | fewer passes than AR | "
+            "| decoding | adherence | vs AR (paired, +- s.e.) | Fréchet | passes / image | fewer passes than AR | "
             "seconds / image | speedup | acceptance per round |"
         ),
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    net = load_quality_net()
+    reference = heldout_features(net, args.reference_renders)
     baseline = quality[0]["results"]
     for q in quality:
         s = speed[q["label"]]
         versus = versus_baseline(q["results"], baseline, args.images_per_prompt)
+        frechet = frechet_distance(image_features(net, q["images"]), reference)
         lines.append(
-            f"| {q['label']} | {q['adherence']:.3f} | {versus} | {s['passes']} | {ar['passes'] / s['passes']:.1f}x | "
-            f"{s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | {format_rates(q['acceptance'])} |"
+            f"| {q['label']} | {q['adherence']:.3f} | {versus} | {frechet:.0f} | {s['passes']} | "
+            f"{ar['passes'] / s['passes']:.1f}x | {s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | "
+            f"{format_rates(q['acceptance'])} |"
         )
     lines += [
         "",

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.quality import frechet_distance, image_features, load_quality_net
+from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import report
 from .reference import adherence, per_task_table, versus_baseline
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         "|" + "---|" * (head.count("|") + 4),
     ]
     net = load_quality_net()
-    reference = image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(args.reference_renders)])
+    reference = heldout_features(net, args.reference_renders)
     baseline = scores[0]["results"]
     for score in scores:
         versus = versus_baseline(score["results"], baseline, args.images_per_prompt)

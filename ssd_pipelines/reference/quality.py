@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .scenes import COLORS, SHAPES, SceneSpec
+from .scenes import COLORS, HELDOUT_SEED_START, SHAPES, SceneSpec, sample_scene
 
 WEIGHTS = Path(__file__).with_name("quality_net.safetensors")
 MAX_OBJECTS = 4  # scenes hold 1 to 4 objects
@@ -83,6 +83,12 @@ def image_features(net: SceneClassifier, images, batch_size: int = 256) -> np.nd
     """Features [N, FEATURES] (float64) of images in any form `as_batch` takes."""
     batch = as_batch(images)
     return torch.cat([net.features(chunk) for chunk in batch.split(batch_size)]).double().numpy()
+
+
+def heldout_features(net: SceneClassifier, renders: int) -> np.ndarray:
+    """Features of real renders of the first `renders` held-out scenes: what generated images are compared with
+    (the benchmarks' prompts are the first held-out captions, so their own renders are among them)."""
+    return image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(renders)])
 
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
