@@ -1,7 +1,7 @@
 """Measurements anyone can rerun: each prints a table and writes it under docs/.
 
 ssd-bench exactness    # TV distance to the AR distribution on an enumerable grid -> docs/exactness.md
-ssd-bench reference    # adherence and speed of every decoding on the reference model -> docs/reference_benchmark.md
+ssd-bench reference    # adherence, Fréchet distance and speed of every decoding -> docs/reference_benchmark.md
 ssd-bench sweep        # AR adherence under guidance, temperature, top-k settings -> docs/reference_sweep.md
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
