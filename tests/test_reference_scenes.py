@@ -151,3 +151,5 @@ def test_weighted_seeds_come_in_the_task_proportions():
     assert weighted_seeds(600, {}) != list(range(600))  # equal shares, not the first 600 seeds
     with pytest.raises(ValueError, match="unknown task.*colour_attr: choose among single_object"):
         weighted_seeds(10, {"colour_attr": 2})
+    with pytest.raises(ValueError, match="task weights must be >= 0 and not all 0"):
+        weighted_seeds(10, dict.fromkeys(TASKS, 0))

@@ -32,6 +32,13 @@ def report(lines: list[str], out: Path, title: str, command: str) -> None:
     out.write_text(f"# {title}\n\nMade by `{command}`.\n\n{table}\n")
 
 
+def add_reference_renders(parser) -> None:
+    """The option of every benchmark that measures a Fréchet distance: how many real renders it compares with."""
+    parser.add_argument(
+        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
+    )
+
+
 def format_rates(rates: list[float | None]) -> str:
     """Acceptance per round; "-" for a round that verified no drafted cell."""
     return ", ".join("-" if r is None else f"{r:.2f}" for r in rates) or "-"

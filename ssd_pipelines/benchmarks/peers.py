@@ -38,7 +38,7 @@ from ..reference.quality import frechet_distance, heldout_features, image_featur
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
 from ..vq import encode_images
-from . import format_rates, plots, report
+from . import add_reference_renders, format_rates, plots, report
 from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once
 from .scaling import SIDES, pass_counts
@@ -161,9 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per strategy up to batch 8 (median)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--sides", type=int, nargs="+", default=list(SIDES), help="grid sides of the scaling run")
-    parser.add_argument(
-        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
-    )
+    add_reference_renders(parser)
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--note", default="", help="what else ran on the machine, for the report")

@@ -28,7 +28,7 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
-from . import format_rates, plots, report
+from . import add_reference_renders, format_rates, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once
 from .peers import real_reference
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images-per-prompt", type=int, default=2)
     parser.add_argument("--windows", type=int, nargs="+", default=None, help="positions (default: one row)")
     parser.add_argument("--repeats", type=int, default=8, help="single-image timed calls per decoding")
-    parser.add_argument(
-        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
-    )
+    add_reference_renders(parser)
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier beside other work)")
     parser.add_argument("--out", type=Path, default=Path("docs/ssd_pipelined.md"))

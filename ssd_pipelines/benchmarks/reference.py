@@ -24,7 +24,7 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import format_rates, report
+from . import add_reference_renders, format_rates, report
 
 DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},
@@ -145,9 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
     parser.add_argument("--repeats", type=int, default=5, help="single-image timings per decoding (median)")
     parser.add_argument("--guidance", type=float, default=3.0)
-    parser.add_argument(
-        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
-    )
+    add_reference_renders(parser)
     parser.add_argument("--out", type=Path, default=Path("docs/reference_benchmark.md"))
     args = parser.parse_args(argv)
 

@@ -23,7 +23,7 @@ from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import report
+from . import add_reference_renders, report
 from .reference import adherence, per_task_table, versus_baseline
 
 SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per setting")
     parser.add_argument("--images-per-prompt", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
-    parser.add_argument(
-        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
-    )
+    add_reference_renders(parser)
     parser.add_argument("--out", type=Path, default=Path("docs/reference_sweep.md"))
     args = parser.parse_args(argv)
     try:

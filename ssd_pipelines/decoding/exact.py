@@ -43,6 +43,12 @@ def committed_positions(changed: torch.Tensor) -> torch.Tensor:
     return torch.where(changed, torch.arange(last + 1, device=changed.device), last).amin(dim=1)
 
 
+def check_window(window: int | None) -> None:
+    """A window is None (one row) or a positive number of image positions."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive number of positions, got {window!r}.")
+
+
 class ExactDecoding(DecodingStrategy):
     """Lossless: returns exactly the AR distribution, at most one pass per image position and usually far fewer."""
 
@@ -50,8 +56,7 @@ class ExactDecoding(DecodingStrategy):
 
     def __init__(self, heads: DraftHeads, window: int | None = None):
         """window: positions each pass runs per image (one row, end-of-line included, when None)."""
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive number of positions, got {window!r}.")
+        check_window(window)
         self.heads = heads
         self.window = window
 

@@ -29,7 +29,7 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import verify_round
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
-from .exact import FrontierRun
+from .exact import FrontierRun, check_window
 
 
 class SSDDecoding(DecodingStrategy):
@@ -54,8 +54,7 @@ class SSDDecoding(DecodingStrategy):
             raise ValueError(
                 f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
             )
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive number of positions, got {window!r}.")
+        check_window(window)
         if window is not None and vertical_rows != 1:
             raise ValueError(
                 f"a window drafts each cell from the one above it: pass vertical_rows=1, not {vertical_rows}, "

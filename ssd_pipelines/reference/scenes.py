@@ -294,9 +294,9 @@ def weighted_seeds(count: int, weights: dict[str, float]) -> list[int]:
     unknown = set(weights) - set(TASKS)
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(sorted(unknown))}: choose among {', '.join(TASKS)}")
-    if any(w < 0 for w in weights.values()):
-        raise ValueError(f"task weights must be >= 0, got {weights}")
     share = np.array([weights.get(task, 1.0) for task in TASKS], dtype=float)
+    if (share < 0).any() or share.sum() == 0:
+        raise ValueError(f"task weights must be >= 0 and not all 0, got {weights}")
     quota = np.floor(count * share / share.sum()).astype(int)
     quota[np.argsort(-share, kind="stable")[: count - quota.sum()]] += 1  # the rounding remainder
     wanted = dict(zip(TASKS, quota.tolist()))
