@@ -6,7 +6,7 @@ import torch
 from ssd_pipelines.reference.caption_tokenizer import build_caption_tokenizer
 from ssd_pipelines.testing import tiny_vqvae
 from ssd_pipelines.training import encoded_scenes
-from ssd_pipelines.training.encoded_scenes import cached_scenes
+from ssd_pipelines.training.encoded_scenes import cached_scenes, encode_scenes
 
 
 def test_a_cache_is_written_once_and_read_back_equal(tmp_path, monkeypatch):
@@ -38,3 +38,11 @@ def test_a_cache_of_chosen_seeds_names_them_by_digest(tmp_path):
     assert torch.equal(cached_scenes(vq, tokenizer, [4, 2, 9], cache).codes, written.codes)
     with pytest.raises(ValueError, match=r"holds the scenes of seeds 3 seeds, sha256 \w+, not this run's 3 seeds"):
         cached_scenes(vq, tokenizer, [4, 2, 8], cache)
+
+
+def test_scenes_rendered_by_worker_processes_are_the_same_scenes_in_the_same_order():
+    tokenizer, vq = build_caption_tokenizer(), tiny_vqvae()
+    here = encode_scenes(vq, tokenizer, [7, 3, 11, 5, 2], batch_size=2)
+    spawned = encode_scenes(vq, tokenizer, [7, 3, 11, 5, 2], batch_size=2, workers=2)
+    assert spawned.captions == here.captions
+    assert torch.equal(spawned.codes, here.codes)

@@ -61,6 +61,7 @@ class BackboneConfig:
     resume: str = ""  # an earlier "wsd" run's state/ folder: its weights and Adam moments where its decay began
     scene_cache: str = ""  # safetensors file of the encoded scenes: read when present, else written
     device: str = ""  # torch device; default: cuda when available (bf16 autocast there), else cpu
+    render_workers: int = 1  # processes that render the scenes to encode (a GPU machine's CPU cores)
 
 
 def training_seeds(config: BackboneConfig) -> Sequence[int]:
@@ -237,7 +238,7 @@ def train_backbone(
     started = time.perf_counter()
     device = training_device(config.device)
     cache = Path(config.scene_cache) if config.scene_cache else None
-    data = data or cached_scenes(vq, tokenizer, training_seeds(config), cache)
+    data = data or cached_scenes(vq, tokenizer, training_seeds(config), cache, workers=config.render_workers)
     log = {"config": asdict(config), "encode_seconds": time.perf_counter() - started, "loss": []}
     model = build_backbone(config, tokens, tokenizer).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))

@@ -5,13 +5,17 @@ every training run used to redo it. `cached_scenes` encodes once and keeps the
 captions and codes in a safetensors file tagged with the seeds and a fingerprint
 of the VQ weights and caption vocabulary, so a later run, or a run on another
 machine, reads them back in a second and can never pick up codes of another VQ.
+
+On a GPU machine the VQ encoder is fast and rendering (under a millisecond a scene)
+is what waits: `workers` renders in that many processes while the VQ encodes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,14 +38,30 @@ class EncodedScenes:
     codes: torch.Tensor
 
 
+def render_batch(seeds: Sequence[int]) -> tuple[list[str], np.ndarray]:
+    """Captions and stacked uint8 images of these seeds' scenes (a worker's unit of work)."""
+    scenes = [sample_scene(s) for s in seeds]
+    return [s.caption for s in scenes], np.stack([s.image for s in scenes])
+
+
+def rendered_batches(seeds: Sequence[int], batch_size: int, workers: int) -> Iterator[tuple[list[str], np.ndarray]]:
+    """The scenes in order, `batch_size` at a time, rendered here or by `workers` spawned processes."""
+    batches = [seeds[start : start + batch_size] for start in range(0, len(seeds), batch_size)]
+    if workers <= 1:
+        yield from map(render_batch, batches)
+        return
+    # spawn, not fork: the parent may already hold a CUDA context, which a forked child must not inherit.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        yield from pool.imap(render_batch, batches)
+
+
 def encode_scenes(
-    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], batch_size: int = 256
+    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], batch_size: int = 256, workers: int = 1
 ) -> EncodedScenes:
     captions, codes = [], []
-    for start in range(0, len(seeds), batch_size):
-        scenes = [sample_scene(s) for s in seeds[start : start + batch_size]]
-        captions += [tokenizer(s.caption, add_special_tokens=False)["input_ids"] for s in scenes]
-        codes.append(encode_images(vq, np.stack([s.image for s in scenes])).cpu())
+    for texts, images in rendered_batches(seeds, batch_size, workers):
+        captions += tokenizer(texts, add_special_tokens=False)["input_ids"]
+        codes.append(encode_images(vq, images).cpu())
     return EncodedScenes(captions, torch.cat(codes))
 
 
@@ -99,14 +119,14 @@ def load_scenes(path: Path, seeds: Sequence[int], fingerprint: str) -> EncodedSc
 
 
 def cached_scenes(
-    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], cache: Path | None = None
+    vq: VQModel, tokenizer: PreTrainedTokenizerBase, seeds: Sequence[int], cache: Path | None = None, workers: int = 1
 ) -> EncodedScenes:
     """The scenes of `seeds`, read from `cache` when it exists, else encoded (and written there if given)."""
     if cache is None:
-        return encode_scenes(vq, tokenizer, seeds)
+        return encode_scenes(vq, tokenizer, seeds, workers=workers)
     fingerprint = source_fingerprint(vq, tokenizer)
     if cache.exists():
         return load_scenes(cache, seeds, fingerprint)
-    data = encode_scenes(vq, tokenizer, seeds)
+    data = encode_scenes(vq, tokenizer, seeds, workers=workers)
     save_scenes(data, cache, seeds, fingerprint)
     return data
