@@ -95,3 +95,11 @@ def test_codes_outside_the_vocabulary_are_refused():
     model.config.image_grid = {**model.config.image_grid, "codebook_size": 500}
     with pytest.raises(ValueError, match="do not fit a vocabulary"):
         LlamaGridBackbone(model)
+
+
+def test_an_older_transformers_is_refused_rather_than_decoding_without_context():
+    from ssd_pipelines.backbones.causal_lm import check_transformers_version
+
+    with pytest.raises(RuntimeError, match=r"needs transformers>=5.24 .* found 5.17.0: pip install -U"):
+        check_transformers_version("5.17.0")
+    check_transformers_version("5.24.0")

@@ -14,6 +14,8 @@ import threading
 from contextvars import ContextVar
 
 import torch
+import transformers
+from packaging.version import Version
 from torch import nn
 
 from .base import ImageBackbone, KVState, PromptBatch
@@ -40,6 +42,19 @@ def _install_capture_hook(norm: nn.Module) -> None:
             norm._ssd_capture_hooked = True
 
 
+# The decoders take their KV cache as `cache=` from this version on; an older one swallows that keyword and
+# runs every pass without the context, silently (seen on a GPU machine with 5.17: heads distilled from noise).
+MIN_TRANSFORMERS = Version("5.24")
+
+
+def check_transformers_version(installed: str = transformers.__version__) -> None:
+    if Version(installed) < MIN_TRANSFORMERS:
+        raise RuntimeError(
+            f"ssd-pipelines needs transformers>={MIN_TRANSFORMERS} (its decoders take the KV cache as `cache=`), "
+            f"found {installed}: pip install -U 'transformers>={MIN_TRANSFORMERS},<6'"
+        )
+
+
 def execution_device(module: nn.Module) -> torch.device:
     """The device a module computes on: its weights', or, when accelerate offloads them, its hook's."""
     hook = getattr(module, "_hf_hook", None)
@@ -53,6 +68,7 @@ class CausalLMBackbone(ImageBackbone):
     """An `ImageBackbone` whose forward passes run a transformers decoder (`decoder.norm` is its final norm)."""
 
     def __init__(self, decoder: nn.Module):
+        check_transformers_version()
         self.decoder = decoder
         self.final_norm: nn.Module = decoder.norm
         _install_capture_hook(self.final_norm)
