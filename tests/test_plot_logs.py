@@ -26,3 +26,12 @@ def test_plot_writes_a_png_and_rejects_a_log_without_losses(tmp_path):
         main([str(other), "--out", str(out)])
     with pytest.raises(SystemExit, match="no training log at"):
         main([str(tmp_path / "missing.json"), "--out", str(out)])
+
+
+def test_runs_of_different_batch_sizes_compare_by_sequences_seen():
+    cpu = {"config": {"batch_size": 32}, "loss": [{"step": 25, "loss": 1.9}]}
+    gpu = {"config": {"batch_size": 256}, "loss": [{"step": 25, "loss": 1.7}]}
+    assert loss_curve(cpu, "sequences") == ([800], [1.9])
+    assert loss_curve(gpu, "sequences") == ([6400], [1.7])
+    with pytest.raises(ValueError, match="needs a backbone training log"):
+        loss_curve({"loss": [[0, 3.0]]}, "sequences")
