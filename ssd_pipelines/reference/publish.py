@@ -31,8 +31,8 @@ CARD_TEMPLATE = """---
 
 # ssd-reference
 
-A small text-to-image autoregressive model, trained from scratch on CPU by the ssd-pipelines
-project, with drafting heads for
+A small text-to-image autoregressive model, trained from scratch by the ssd-pipelines project
+(on a CPU, then for 5 minutes on one GPU), with drafting heads for
 Spatially Speculative Decoding (SSD). It writes a 64 x 64 image as 16 x 16 VQ codes after a caption:
 `[BOS, caption, BOI, 16 x (16 codes, EOL), EOI]`, like Emu3 and Lumina-mGPT do at scale.
 
