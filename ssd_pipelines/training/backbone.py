@@ -12,6 +12,8 @@ scenes can be cached (`--scene-cache`), so that a GPU run spends its time traini
     # a run that a later one resumes (runs/next continues from runs/backbone/state, no new warm-up):
     python -m ssd_pipelines.training.backbone ... --schedule wsd --out runs/backbone
     python -m ssd_pipelines.training.backbone ... --schedule wsd --resume runs/backbone/state --out runs/next
+    # on a GPU machine: fresh scenes rendered by its CPU cores, bf16, big batches (v5, docs/reference_training.md)
+    python -m ssd_pipelines.training.backbone ... --device cuda --images 800000 --render-workers 15 --batch-size 256
 """
 
 from __future__ import annotations
