@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
-from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
+from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, format_rates, report
 
@@ -173,13 +173,11 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    net = load_quality_net()
-    reference = heldout_features(net, args.reference_renders)
+    frechets = frechet_to_heldout([q["images"] for q in quality], args.reference_renders)
     baseline = quality[0]["results"]
-    for q in quality:
+    for q, frechet in zip(quality, frechets):
         s = speed[q["label"]]
         versus = versus_baseline(q["results"], baseline, args.images_per_prompt)
-        frechet = frechet_distance(image_features(net, q["images"]), reference)
         lines.append(
             f"| {q['label']} | {q['adherence']:.3f} | {versus} | {frechet:.0f} | {s['passes']} | "
             f"{ar['passes'] / s['passes']:.1f}x | {s['seconds']:.3f} | {ar['seconds'] / s['seconds']:.1f}x | "

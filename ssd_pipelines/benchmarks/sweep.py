@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
+from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, report
 from .reference import adherence, per_task_table, versus_baseline
@@ -101,12 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         f"| {head} | adherence | vs first row (paired, +- s.e.) | Fréchet |",
         "|" + "---|" * (head.count("|") + 4),
     ]
-    net = load_quality_net()
-    reference = heldout_features(net, args.reference_renders)
+    frechets = frechet_to_heldout([score["images"] for score in scores], args.reference_renders)
     baseline = scores[0]["results"]
-    for score in scores:
+    for score, frechet in zip(scores, frechets):
         versus = versus_baseline(score["results"], baseline, args.images_per_prompt)
-        frechet = frechet_distance(image_features(net, score["images"]), reference)
         lines.append(f"| {score['label']} | {score['adherence']:.3f} | {versus} | {frechet:.0f} |")
     lines += ["", "Adherence per task:", "", *per_task_table(scores, head)]
     report(lines, args.out, "Reference model: adherence under sampling settings", "ssd-bench sweep")

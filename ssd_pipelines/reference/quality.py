@@ -91,6 +91,13 @@ def heldout_features(net: SceneClassifier, renders: int) -> np.ndarray:
     return image_features(net, [sample_scene(HELDOUT_SEED_START + i).image for i in range(renders)])
 
 
+def frechet_to_heldout(image_sets: Sequence, renders: int) -> list[float]:
+    """The Fréchet distance of each set of generated images to the same `renders` real held-out renders."""
+    net = load_quality_net()
+    reference = heldout_features(net, renders)
+    return [frechet_distance(image_features(net, images), reference) for images in image_sets]
+
+
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     """Fréchet distance between Gaussians fitted to two feature sets [N, d]:
     |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a^1/2 S_b S_a^1/2)^1/2)."""
