@@ -19,7 +19,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from .benchmarks import format_rates
+from .acceptance import format_rates
 from .decoding import STRATEGIES
 
 HUB_MODEL = "ssd-pipelines/ssd-reference"

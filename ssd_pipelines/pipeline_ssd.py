@@ -30,7 +30,7 @@ from diffusers.utils import BaseOutput
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .backbones import ImageBackbone, adapter_for, model_class_for
-from .decoding import NEEDS_HEADS, STRATEGIES, UNDECODED, make_strategy
+from .decoding import DEFAULT_DECODING, UNDECODED, check_options, make_strategy, options_for, strategy_class
 from .heads import DraftHeads
 from .hub import (
     WEIGHTS_FAULTS,
@@ -87,7 +87,9 @@ class SSDPipelineOutput(BaseOutput):
     final_round: [B, R, C], the verification from which each cell's code stayed (0: drawn from the exact
     distribution; 1: its first draft kept; k >= 2: resampled in its (k - 1)-th verification; docs/decoding.md).
     interrupted / rows_completed: a stopped call decoded only its first `rows_completed` rows; the others
-    are -1 in `codes` and `final_round`, and black in the images."""
+    are -1 in `codes` and `final_round`, and black in the images.
+    warnings: what the call changed or could not read in its input (a prompt cut to the tokens the model reads,
+    unknown words), for the caller to show: also issued as Python warnings, which only a log sees."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
     codes: torch.Tensor
@@ -95,6 +97,7 @@ class SSDPipelineOutput(BaseOutput):
     final_round: torch.Tensor
     interrupted: bool
     rows_completed: int
+    warnings: list[str]
 
 
 class SSDAutoregressivePipeline(DiffusionPipeline):
@@ -286,21 +289,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 f"`generator` must be one torch.Generator (the whole batch draws from it in order), got "
                 f"{type(generator).__name__}: pass torch.Generator(device).manual_seed(seed)."
             )
-        if decoding not in STRATEGIES:
-            raise ValueError(f"unknown decoding {decoding!r}: choose one of {', '.join(STRATEGIES)}.")
-        for name, value, applies_to, minimum in (
-            ("verify_rounds", verify_rounds, ("ssd",), 0),
-            ("vertical_rows", vertical_rows, ("ssd",), 1),
-            ("window", window, ("ssd", "exact"), 1),
-        ):
-            if value is not None:
-                if decoding not in applies_to:
-                    raise ValueError(
-                        f"{name} applies to decoding={' or '.join(map(repr, applies_to))} only, not {decoding!r}: "
-                        f"drop {name}" + (", or use decoding='ssd'." if applies_to == ("ssd",) else ".")
-                    )
-                _check_integer(name, value, minimum=minimum)
-        if decoding in NEEDS_HEADS and self.heads is None:
+        check_options(decoding, verify_rounds=verify_rounds, vertical_rows=vertical_rows, window=window)
+        if strategy_class(decoding).needs_heads and self.heads is None:
             raise ValueError(
                 f"decoding={decoding!r} needs drafting heads and this pipeline has none: "
                 "load them with `pipe.load_heads(...)` or `from_pretrained(..., heads=...)`, or use decoding='ar'."
@@ -332,7 +322,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
-        decoding: str = "ssd",
+        decoding: str = DEFAULT_DECODING,
         verify_rounds: int | None = None,
         vertical_rows: int | None = None,
         window: int | None = None,
@@ -388,8 +378,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         if guidance_scale is None:
             guidance_scale = backbone.default_guidance_scale
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        options = {"verify_rounds": verify_rounds, "vertical_rows": vertical_rows, "window": window}
-        strategy = make_strategy(decoding, self.heads, **{k: v for k, v in options.items() if v is not None})
+        options = options_for(decoding, verify_rounds=verify_rounds, vertical_rows=vertical_rows, window=window)
+        strategy = make_strategy(decoding, self.heads, **options)
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
         batch = backbone.encode_prompts(
             prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance, grid=grid
@@ -415,6 +405,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             final_round=decoded.final_round,
             interrupted=decoded.stats.interrupted,
             rows_completed=decoded.stats.rows_completed,
+            warnings=list(batch.notes),
         )
         return output if return_dict else output.to_tuple()
 

@@ -64,11 +64,20 @@ def test_every_decoding_mode_and_its_statistics(pipe):
 
 
 def test_tuple_output_and_batches_of_prompts(pipe):
-    images, codes, stats, final_round, interrupted, rows = pipe(
+    images, codes, stats, final_round, interrupted, rows, warnings = pipe(
         ["a red circle", "blue"], num_images_per_prompt=2, return_dict=False
     )
     assert len(images) == 4 and codes.shape == final_round.shape == (4, 4, 4) and stats["images"] == 4
-    assert not interrupted and rows == 4
+    assert not interrupted and rows == 4 and warnings == []
+
+
+def test_output_says_what_was_cut_from_the_prompt(pipe):
+    """The caller (a web page, a node) sees what the tokenizer dropped; a log is not enough."""
+    long_prompt = " ".join(["red circle"] * 2500)  # 5,000 words
+    with pytest.warns(UserWarning, match="only the first"):
+        out = pipe([long_prompt, "blue"], num_images_per_prompt=2, output_type="latent")
+    assert len(out.warnings) == 1, out.warnings  # said once, though two images share the prompt
+    assert "this model reads at most" in out.warnings[0] and len(out.warnings[0]) < 300
 
 
 @pytest.mark.parametrize(
@@ -149,7 +158,7 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"decoding": "ar", "verify_rounds": 1}, "verify_rounds applies to decoding='ssd' only, not 'ar'"),
         ({"decoding": "exact", "vertical_rows": 2}, "vertical_rows applies to decoding='ssd' only, not 'exact'"),
         ({"decoding": "ar", "window": 4}, "window applies to decoding='ssd' or 'exact' only, not 'ar': drop window."),
-        ({"decoding": "exact", "window": 0}, "`window` must be an integer >= 1, got 0"),
+        ({"decoding": "exact", "window": 0}, "`window` must be an integer >= 1 for decoding='exact'"),
         ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number, got nan"),
         ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number, got inf"),
         ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),

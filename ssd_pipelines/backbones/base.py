@@ -68,6 +68,7 @@ class PromptBatch:
     batch_size: int  # B: images generated
     guidance: bool
     grid: ImageGrid | None = None  # the grid these prompts ask for; None: the backbone's native grid
+    notes: tuple[str, ...] = ()  # what the tokenizer changed or could not read (a cut prompt, unknown words)
 
     def __post_init__(self) -> None:
         expected = 2 * self.batch_size if self.guidance else self.batch_size

@@ -126,25 +126,29 @@ class LlamaGridBackbone(CausalLMBackbone):
         positions = self.model.config.max_position_embeddings - self.grid.sequence_length - 2
         return max(0, min(positions, self.tokenizer.model_max_length - 2))
 
-    def prompt_token_ids(self, prompt: str) -> list[int]:
-        """Token ids of a prompt, cut to `max_prompt_tokens`; warns when it is cut or mostly unknown words."""
+    def prompt_token_ids(self, prompt: str, notes: list[str] | None = None) -> list[int]:
+        """Token ids of a prompt, cut to `max_prompt_tokens`. When it is cut or mostly unknown words, says so in
+        `notes` (which the pipeline hands to its caller) and as a warning."""
         if self.tokenizer is None:
             raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
         ids = self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+        said = []
         unknown = sum(i == self.tokenizer.unk_token_id for i in ids)
         if ids and 2 * unknown > len(ids):
-            warnings.warn(
-                f"{unknown} of the {len(ids)} tokens of the prompt {prompt!r} are unknown to this model's tokenizer, "
-                "so the image will barely follow it: use words the model was trained on.",
-                stacklevel=2,
+            said.append(
+                f"{unknown} of the {len(ids)} tokens of the prompt {_shortened(prompt)!r} are unknown to this model's "
+                "tokenizer, so the image will barely follow it: use words the model was trained on."
             )
         if len(ids) > self.max_prompt_tokens:
-            warnings.warn(
-                f"the prompt {prompt!r} has {len(ids)} tokens and this model reads at most {self.max_prompt_tokens}: "
-                f"only the first {self.max_prompt_tokens} are used. Shorten the prompt.",
-                stacklevel=2,
+            said.append(
+                f"the prompt {_shortened(prompt)!r} has {len(ids)} tokens and this model reads at most "
+                f"{self.max_prompt_tokens}: only the first {self.max_prompt_tokens} were used. Shorten the prompt."
             )
             ids = ids[: self.max_prompt_tokens]
+        for note in said:
+            warnings.warn(note, stacklevel=2)
+        if notes is not None:
+            notes.extend(said)
         return ids
 
     def encode_prompts(
@@ -157,17 +161,20 @@ class LlamaGridBackbone(CausalLMBackbone):
     ) -> PromptBatch:
         check_prompt_request(prompts, negative_prompts, num_images_per_prompt, guidance)
         bos, pad, boi = self.model.config.bos_token_id, self._pad_token_id, self.tokens.boi_token_id
-        cond = [self.prompt_token_ids(p) for p in prompts]
+        notes: list[str] = []
+        cond = [self.prompt_token_ids(p, notes) for p in prompts]
         uncond = None
         if guidance:
             uncond = (
-                [self.prompt_token_ids(n) for n in negative_prompts]
+                [self.prompt_token_ids(n, notes) for n in negative_prompts]
                 if negative_prompts
                 else [[pad] * len(i) for i in cond]
             )
         rows = [[bos, *ids, boi] for ids in cond]
         uncond_rows = None if uncond is None else [[bos, *ids, boi] for ids in uncond]
-        return left_padded_batch(rows, uncond_rows, num_images_per_prompt, pad, grid)
+        batch = left_padded_batch(rows, uncond_rows, num_images_per_prompt, pad, grid)
+        batch.notes = tuple(dict.fromkeys(notes))  # a prompt repeated in the batch is said once
+        return batch
 
     @property
     def _pad_token_id(self) -> int:
@@ -175,3 +182,8 @@ class LlamaGridBackbone(CausalLMBackbone):
         if pad is None:
             raise ValueError("the backbone's config has no pad_token_id; guidance and batching need one.")
         return pad
+
+
+def _shortened(prompt: str, most: int = 60) -> str:
+    """A prompt as a message quotes it: a 5,000-character prompt must not fill the screen."""
+    return prompt if len(prompt) <= most else prompt[: most - 3] + "..."

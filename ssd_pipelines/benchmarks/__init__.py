@@ -39,11 +39,6 @@ def add_reference_renders(parser) -> None:
     )
 
 
-def format_rates(rates: list[float | None]) -> str:
-    """Acceptance per round; "-" for a round that verified no drafted cell."""
-    return ", ".join("-" if r is None else f"{r:.2f}" for r in rates) or "-"
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:

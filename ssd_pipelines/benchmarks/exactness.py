@@ -38,7 +38,8 @@ from ..decoding import (
 from ..decoding.base import Block, both_branches
 from ..sampling import SamplingConfig, target_probs
 from ..testing import tiny_backbone, tiny_heads
-from . import format_rates, report
+from ..acceptance import format_rates
+from . import report
 
 TOY_PROMPT = "a"
 

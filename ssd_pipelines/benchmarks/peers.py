@@ -38,7 +38,8 @@ from ..reference.quality import frechet_distance, heldout_features, image_featur
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
 from ..vq import encode_images
-from . import add_reference_renders, format_rates, plots, report
+from ..acceptance import format_rates
+from . import add_reference_renders, plots, report
 from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once
 from .scaling import SIDES, pass_counts

@@ -28,7 +28,8 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
-from . import add_reference_renders, format_rates, plots, report
+from ..acceptance import format_rates
+from . import add_reference_renders, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once
 from .peers import real_reference

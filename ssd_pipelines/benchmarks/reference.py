@@ -24,7 +24,8 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import add_reference_renders, format_rates, report
+from ..acceptance import format_rates
+from . import add_reference_renders, report
 
 DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},

@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from ..cli import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import format_rates, report
+from ..acceptance import format_rates
+from . import report
 
 
 def decodings(row_length: int, windows: list[int]) -> dict[str, dict]:

@@ -1,10 +1,16 @@
-"""Decoding strategies: each method its own class behind `DecodingStrategy`."""
+"""Decoding strategies: each method its own class behind `DecodingStrategy`.
+
+Each class declares what a caller needs to know of it (`summary`, `lossless`,
+`needs_heads`, `options`); the functions here answer from those declarations, so
+that the pipeline, the CLI, the demo and the ComfyUI node never keep a table of
+their own."""
 
 from __future__ import annotations
 
 from ..heads import DraftHeads
 from .ar import ARDecoding
 from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
+from .options import DecodingOption
 from .exact import ExactDecoding
 from .gsd import GSDDecoding
 from .mtp1d import MTP1DDecoding
@@ -23,26 +29,64 @@ STRATEGIES: dict[str, type[DecodingStrategy]] = {
     "mtp1d": MTP1DDecoding,
     "zipar": ZipARDecoding,
 }
-NEEDS_HEADS = {"ssd", "exact", "mtp1d"}
+DEFAULT_DECODING = "ssd"
+USER_DECODINGS = ("ssd", "exact", "ar")  # what the demo and the ComfyUI node offer; the peers are for benchmarks
+
+
+def strategy_class(name: str) -> type[DecodingStrategy]:
+    """The strategy called `name`; a ValueError lists the ones there are."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown decoding {name!r}: choose one of {', '.join(STRATEGIES)}.")
+    return STRATEGIES[name]
+
+
+def option_default(decoding: str, option: str) -> int | None:
+    """The default of one of a decoding's options, e.g. option_default("ssd", "verify_rounds") == 2."""
+    return strategy_class(decoding).option(option).default
+
+
+def options_for(decoding: str, **values) -> dict:
+    """Of the values given, the ones `decoding` takes and that are not None: what a caller passes to `pipe(...)`
+    when one set of controls serves several decodings (the CLI's --compare, the demo, the ComfyUI node)."""
+    names = strategy_class(decoding).option_names()
+    return {name: value for name, value in values.items() if name in names and value is not None}
+
+
+def check_options(decoding: str, **values) -> None:
+    """Raise a ValueError that says what to change if `decoding` does not take one of the values that are not
+    None, or a value is out of its range."""
+    cls = strategy_class(decoding)
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in cls.option_names():
+            takers = [d for d, c in STRATEGIES.items() if name in c.option_names()]
+            raise ValueError(
+                f"{name} applies to decoding={' or '.join(map(repr, takers))} only, not {decoding!r}: drop {name}"
+                + (f", or use decoding={takers[0]!r}." if len(takers) == 1 else ".")
+            )
+        cls.option(name).check(decoding, value)
 
 
 def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> DecodingStrategy:
     """Build a strategy by name, e.g. make_strategy("ssd", heads, verify_rounds=1)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown decoding {name!r}: choose one of {', '.join(STRATEGIES)}.")
-    if name in NEEDS_HEADS:
+    cls = strategy_class(name)
+    if cls.needs_heads:
         if heads is None:
             raise ValueError(f"decoding {name!r} drafts with drafting heads: pass heads=..., or use decoding='ar'.")
-        return STRATEGIES[name](heads, **options)
-    return STRATEGIES[name](**options)
+        return cls(heads, **options)
+    return cls(**options)
 
 
 __all__ = [
+    "DEFAULT_DECODING",
     "STRATEGIES",
+    "USER_DECODINGS",
     "UNDECODED",
     "ARDecoding",
     "DecodeOutput",
     "DecodeStats",
+    "DecodingOption",
     "DecodingStrategy",
     "ExactDecoding",
     "GSDDecoding",
@@ -52,5 +96,9 @@ __all__ = [
     "SJDPACDecoding",
     "SSDDecoding",
     "ZipARDecoding",
+    "check_options",
     "make_strategy",
+    "option_default",
+    "options_for",
+    "strategy_class",
 ]

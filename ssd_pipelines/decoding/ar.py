@@ -17,6 +17,8 @@ class ARDecoding(DecodingStrategy):
     predicting every cell, in both guidance branches: the training data of the drafting heads."""
 
     name = "ar"
+    summary = "the model's own decoder: one code per forward pass, the baseline"
+    lossless = True
 
     def __init__(self, record_hidden: bool = False):
         self.record_hidden = record_hidden

@@ -16,11 +16,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from typing import ClassVar
 
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from ..sampling import SamplingConfig, sample, target_probs
+from .options import DecodingOption
 
 RowCallback = Callable[[int, torch.Tensor], bool | None]
 """Called as callback(row, codes [B, R, C]) once row `row` is committed; returning True stops decoding.
@@ -186,9 +188,28 @@ class Block:
 
 
 class DecodingStrategy(ABC):
-    """Turns prompts into a grid of image codes through an `ImageBackbone`."""
+    """Turns prompts into a grid of image codes through an `ImageBackbone`.
 
-    name: str
+    The class attributes are what callers read about a strategy before making one: the pipeline checks a
+    call against them, and the CLI, the demo and the ComfyUI node build their choices from them."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for a chooser: what it does, and whether its images are the model's own
+    lossless: ClassVar[bool]  # samples exactly the distribution of the model's own (AR) decoder
+    needs_heads: ClassVar[bool] = False  # drafts with `DraftHeads`
+    options: ClassVar[tuple[DecodingOption, ...]] = ()  # what `pipe(...)` may pass to it; peers: none
+
+    @classmethod
+    def option(cls, name: str) -> DecodingOption:
+        """The declared option `name`; a ValueError names the ones this strategy takes."""
+        for option in cls.options:
+            if option.name == name:
+                return option
+        raise ValueError(f"decoding {cls.name!r} takes no option {name!r}: it takes {cls.option_names() or 'none'}.")
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(option.name for option in cls.options)
 
     def decode(
         self,

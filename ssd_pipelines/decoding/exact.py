@@ -34,6 +34,7 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import verify_round
 from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches, cells_by_position
+from .options import WINDOW
 
 
 def committed_positions(changed: torch.Tensor) -> torch.Tensor:
@@ -53,6 +54,10 @@ class ExactDecoding(DecodingStrategy):
     """Lossless: returns exactly the AR distribution, at most one pass per image position and usually far fewer."""
 
     name = "exact"
+    summary = "lossless: the same distribution as ar (a different sample of it), in fewer passes"
+    lossless = True
+    needs_heads = True
+    options = (WINDOW,)
 
     def __init__(self, heads: DraftHeads, window: int | None = None):
         """window: positions each pass runs per image (one row, end-of-line included, when None)."""

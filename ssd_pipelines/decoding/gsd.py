@@ -61,6 +61,8 @@ class GSDDecoding(SJDDecoding):
     """SJD with grouped acceptance: more drafts kept, the AR distribution given up."""
 
     name = "gsd"
+    summary = "peer, lossy: speculative Jacobi decoding with grouped acceptance"
+    lossless = False
 
     def __init__(self, window: int = 16, neighbour_quantile: float = 0.25):
         """neighbour_quantile: codes closer than this quantile of code-pair embedding distances are neighbours."""

@@ -41,6 +41,8 @@ class SJDDecoding(WindowDecoding):
     """Lossless: random drafts, sequential acceptance up to the first rejection, the tail redrawn from p."""
 
     name = "sjd"
+    summary = "peer, lossless: speculative Jacobi decoding, training-free"
+    lossless = True
     tail = "resample"
 
     def __init__(self, window: int = 16):

@@ -30,18 +30,23 @@ from ..heads import DraftHeads
 from ..sampling import verify_round
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
 from .exact import FrontierRun, check_window
+from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
 
 
 class SSDDecoding(DecodingStrategy):
     """The paper's decoding: horizontal heads for the first row, vertical heads for the rest, r rounds."""
 
     name = "ssd"
+    summary = "lossy, fastest: the paper's SSD, verify_rounds verification rounds per row"
+    lossless = False
+    needs_heads = True
+    options = (VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW)
 
     def __init__(
         self,
         heads: DraftHeads,
-        verify_rounds: int | None = 2,
-        vertical_rows: int = 1,
+        verify_rounds: int | None = VERIFY_ROUNDS.default,
+        vertical_rows: int = VERTICAL_ROWS.default,
         horizontal_cells: int | None = None,
         window: int | None = None,
     ):
