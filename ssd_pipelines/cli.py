@@ -5,7 +5,8 @@ ssd-generate "two green squares" --out out.png --decoding exact --json
 ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside it, speedup printed
 ssd-generate "a blue ring" --out out.png --num-images 4 --compare --grid grid.png  # one labelled sheet of all
 
-Existing files are never overwritten unless --overwrite is given.
+Existing files are never overwritten unless --overwrite is given. The decoding's options, their defaults and the
+guidance scale come from the library and the model: nothing here decides them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ import PIL.Image
 import torch
 
 from .acceptance import format_rates
-from .decoding import STRATEGIES
+from .decoding import DEFAULT_DECODING, STRATEGIES, USER_DECODINGS, check_options, options_for, strategy_class
 
 HUB_MODEL = "ssd-pipelines/ssd-reference"
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
@@ -39,27 +41,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--model", default=None, help=f"pipeline folder or Hub repository (default: {HUB_MODEL}, bundled copy first)"
     )
     parser.add_argument(
-        "--decoding", default="ssd", choices=list(STRATEGIES), help="ssd: the paper's; exact: lossless; ar: baseline"
+        "--decoding",
+        default=DEFAULT_DECODING,
+        choices=list(STRATEGIES),
+        help="; ".join(f"{name}: {strategy_class(name).summary}" for name in USER_DECODINGS)
+        + f"; or a peer: {', '.join(n for n in STRATEGIES if n not in USER_DECODINGS)}",
     )
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="--decoding ssd: the most verification rounds per row (default 2)"
-    )
-    parser.add_argument(
-        "--vertical-rows", type=int, default=None, help="--decoding ssd: rows drafted at once by the vertical heads"
-    )
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="--decoding exact: positions verified per pass (default: one row); ssd: pipeline the rows on it",
-    )
+    for name, (option, takers) in decoding_options().items():
+        default = "" if option.default is None else f", default {option.default}"
+        parser.add_argument(
+            option_flag(name),
+            dest=name,
+            metavar="N",
+            type=int,
+            default=None,
+            help=f"--decoding {' or '.join(takers)}: {option.about}{default}",
+        )
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
-    parser.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 disables it)")
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="classifier-free guidance scale (1 disables it; default: the model's own, 3 for the reference model)",
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--num-images", type=int, default=1, help="images for the prompt, decoded as one batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default on CPU: 1, fastest for the small reference model and on a busy machine)",
+    )
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
     parser.add_argument(
         "--compare", action="store_true", help="also decode with ar (same prompt and seed), print the speedup"
@@ -71,22 +86,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
         parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
-    if args.rounds is not None and args.decoding != "ssd":
-        parser.error(f"--rounds applies to --decoding ssd only ({args.decoding} decides its own rounds)")
-    for flag, value, decodings in (
-        ("--vertical-rows", args.vertical_rows, ("ssd",)),
-        ("--window", args.window, ("ssd", "exact")),
-    ):
-        if value is not None and args.decoding not in decodings:
-            parser.error(f"{flag} applies to --decoding {' or '.join(decodings)} only")
+    for name in decoding_options():
+        try:
+            check_options(args.decoding, **{name: getattr(args, name)})
+        except ValueError as error:  # the library's words, under the flag the user typed
+            parser.error(f"{option_flag(name)}: {error}")
     if args.num_images < 1:
         parser.error(f"--num-images must be >= 1, got {args.num_images}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     check_out(parser, args)
     return args
 
 
+def decoding_options() -> dict:
+    """Every option of the decodings, by name: (its declaration, the decodings that take it)."""
+    found: dict = {}
+    for decoding, cls in STRATEGIES.items():
+        for option in cls.options:
+            found.setdefault(option.name, (option, []))[1].append(decoding)
+    return found
+
+
+def option_flag(name: str) -> str:
+    """The flag of a decoding option: --rounds for verify_rounds (the paper's r), else the name with dashes."""
+    return "--rounds" if name == "verify_rounds" else "--" + name.replace("_", "-")
+
+
 def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Before any work: the file type must be one PIL writes, and no file may be overwritten unasked."""
+    """Before any work: the folder must be one we can write into, the file type one PIL writes, and no file may
+    be overwritten unasked."""
+    for path in (args.out, args.grid):
+        blocking = next((p for p in (path.parents if path else ()) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            parser.error(f"cannot write {path}: {blocking} is a file, not a folder; choose another path")
     PIL.Image.init()
     suffix = args.out.suffix.lower()
     writable = sorted(e for e, f in PIL.Image.registered_extensions().items() if f in PIL.Image.SAVE)
@@ -110,23 +143,25 @@ def output_paths(out: Path, count: int, tag: str = "") -> list[Path]:
 
 def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[str]]:
     """One decoding run; saves its images and returns its statistics and files."""
-    out = pipe(
-        args.prompt,
-        num_images_per_prompt=args.num_images,
-        guidance_scale=args.guidance,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=torch.Generator().manual_seed(args.seed),  # on the CPU: the same seed gives the same codes anywhere
-        decoding=decoding,
-        verify_rounds=args.rounds if decoding == args.decoding else None,  # --compare's ar takes neither
-        vertical_rows=args.vertical_rows if decoding == args.decoding else None,
-        window=args.window if decoding == args.decoding else None,
-    )
+    with warnings.catch_warnings():  # the output's warnings are printed once, below, not also as Python warnings
+        warnings.simplefilter("ignore", UserWarning)
+        out = pipe(
+            args.prompt,
+            num_images_per_prompt=args.num_images,
+            guidance_scale=args.guidance,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=torch.Generator().manual_seed(args.seed),  # on the CPU: the same seed, the same codes anywhere
+            decoding=decoding,
+            **options_for(decoding, **{name: getattr(args, name) for name in decoding_options()}),
+        )
+    for warning in out.warnings:
+        print(f"ssd-generate: warning: {warning}", file=sys.stderr)
     paths = output_paths(args.out, len(out.images), "" if decoding == args.decoding else f"-{decoding}")
     for image, path in zip(out.images, paths):
         image.save(path)
-    return out.stats, [str(p) for p in paths], out.images
+    return {**out.stats, "warnings": out.warnings}, [str(p) for p in paths], out.images
 
 
 def describe(stats: dict, files: list[str]) -> str:
@@ -139,9 +174,15 @@ def describe(stats: dict, files: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads or args.device == "cpu":
+        torch.set_num_threads(args.threads or 1)
     from .pipeline_ssd import SSDAutoregressivePipeline  # after parsing: --help stays fast
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"ssd-generate: error: cannot create the folder of --out {args.out}: {error.strerror}", file=sys.stderr)
+        return 2
     # Weights ship in fp16; CPUs compute fp32 far faster.
     dtype = torch.float32 if args.device == "cpu" else torch.float16
     try:
@@ -151,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # bad input: the message says what to change
         print(f"ssd-generate: error: {error}", file=sys.stderr)
         return 2
-    report = {"prompt": args.prompt, "decoding": stats, "files": files}
+    guidance = pipe.image_backbone.default_guidance_scale if args.guidance is None else args.guidance
+    report = {"prompt": args.prompt, "guidance_scale": guidance, "decoding": stats, "files": files}
     lines = [describe(stats, files)]
     sheet = {row_label(args, args.decoding, stats): images}
     if args.compare:
@@ -178,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def row_label(args: argparse.Namespace, decoding: str, stats: dict) -> str:
-    rounds = f" r={args.rounds}" if decoding == "ssd" and args.rounds is not None else ""
+    rounds = f" r={args.verify_rounds}" if decoding == "ssd" and args.verify_rounds is not None else ""
     return f"{decoding}{rounds}, {stats['forward_passes']} passes"
 
 

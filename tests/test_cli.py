@@ -96,7 +96,41 @@ def test_an_image_type_pil_cannot_write_is_refused_before_generating(tmp_path, c
 def test_rounds_for_a_decoding_without_them_is_refused(model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "exact", "--rounds", "1"])
-    assert "--rounds applies to --decoding ssd only (exact decides its own rounds)" in capsys.readouterr().err
+    assert "--rounds: verify_rounds applies to decoding='ssd' only, not 'exact'" in capsys.readouterr().err
+
+
+def test_a_fractional_or_negative_option_is_refused_in_the_librarys_words(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--rounds", "-1"])
+    assert "--rounds: `verify_rounds` must be an integer >= 0 for decoding='ssd'" in capsys.readouterr().err
+
+
+def test_an_out_path_under_a_file_is_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "afile" / "x.png"), "--model", "never-loaded"])
+    err = capsys.readouterr().err
+    assert f"cannot write {tmp_path / 'afile' / 'x.png'}: {tmp_path / 'afile'} is a file, not a folder" in err
+    assert "Traceback" not in err
+
+
+def test_guidance_threads_and_prompt_warnings(model_dir, tmp_path, capsys, monkeypatch):
+    """Without --guidance the model's own scale is used; a cut prompt is said once, on stderr and in the JSON."""
+    threads = []
+    monkeypatch.setattr("torch.set_num_threads", threads.append)
+    long_prompt = " ".join(["red circle"] * 300)
+    main([long_prompt, "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--json", "--threads", "2"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    from ssd_pipelines import SSDAutoregressivePipeline
+
+    assert (
+        report["guidance_scale"]
+        == SSDAutoregressivePipeline.from_pretrained(model_dir).image_backbone.default_guidance_scale
+    )
+    assert threads == [2]
+    assert len(report["decoding"]["warnings"]) == 1 and "this model reads at most" in report["decoding"]["warnings"][0]
+    assert captured.err.count("ssd-generate: warning: the prompt") == 1
 
 
 def test_a_pipeline_error_is_one_line_not_a_traceback(model_dir, tmp_path, capsys):

@@ -10,10 +10,10 @@ from __future__ import annotations
 from ..heads import DraftHeads
 from .ar import ARDecoding
 from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
-from .options import DecodingOption
 from .exact import ExactDecoding
 from .gsd import GSDDecoding
 from .mtp1d import MTP1DDecoding
+from .options import DecodingOption
 from .sjd import SJDDecoding
 from .sjd_pac import SJDPACDecoding
 from .ssd import SSDDecoding
@@ -81,8 +81,8 @@ def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> Deco
 __all__ = [
     "DEFAULT_DECODING",
     "STRATEGIES",
-    "USER_DECODINGS",
     "UNDECODED",
+    "USER_DECODINGS",
     "ARDecoding",
     "DecodeOutput",
     "DecodeStats",
