@@ -212,3 +212,14 @@ def test_a_long_prompt_is_cut_with_a_warning(pipe):
 def test_a_prompt_of_unknown_words_warns(pipe):
     with pytest.warns(UserWarning, match="3 of the 4 tokens of the prompt 'a zebra on skis' are unknown"):
         pipe("a zebra on skis", output_type="latent")
+
+
+@pytest.mark.parametrize(
+    "decoding, options, cap", [("ssd", {"verify_rounds": 1}, 1), ("ssd", {}, 2), ("exact", {}, None), ("ar", {}, None)]
+)
+def test_stats_say_where_a_cap_left_resamples_unchecked(pipe, decoding, options, cap):
+    """The acceptance maps of every face read the cap from here (red: resampled in the last round)."""
+    out = pipe("a red circle", decoding=decoding, output_type="latent", **options)
+    assert out.stats["round_cap"] == cap
+    if cap is not None:
+        assert int(out.final_round.max()) <= cap + 1

@@ -43,6 +43,9 @@ class DecodeStats:
     positions_processed: int = 0  # image positions each image ran through the backbone, summed over passes
     rows_completed: int = 0
     interrupted: bool = False  # stopped before the last row: rows from rows_completed on are UNDECODED
+    # the most verifications a cell got, where a cap left the last round's resamples unchecked (ssd's
+    # verify_rounds); None where checks go on until nothing changes (exact) or there are none (ar)
+    round_cap: int | None = None
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -228,6 +231,7 @@ class DecodingStrategy(ABC):
                 f"guidance={sampling.uses_guidance}."
             )
         run = DecodeRun(backbone, prompts, grid or backbone.grid, sampling, generator, callback, self.name)
+        run.stats.round_cap = self.round_cap
         started = time.perf_counter()
         with torch.inference_mode():
             self._decode(run)
@@ -235,6 +239,11 @@ class DecodingStrategy(ABC):
             torch.cuda.synchronize(run.codes.device)
         run.stats.seconds = time.perf_counter() - started
         return run.output()
+
+    @property
+    def round_cap(self) -> int | None:
+        """The most verifications a cell gets, when the strategy stops there (lossy); None otherwise."""
+        return None
 
     @abstractmethod
     def _decode(self, run: DecodeRun) -> None:
