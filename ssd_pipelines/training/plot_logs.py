@@ -1,7 +1,7 @@
 """Loss curves of training logs, as one small PNG beside the tables in docs/ (a reader would rather look than read).
 
     python -m ssd_pipelines.training.plot_logs --out docs/heads_loss.png \
-        "v4 heads=docs/logs/distill_v4_heads_log.json" "v6 heads=docs/logs/distill_log.json"
+        "v4 heads=docs/logs/distill_v4_heads_log.json" "v6 heads=docs/history/logs/distill_log.json"
 
 Reads the logs our trainers write: the distillation's `loss` as [step, loss] pairs, the backbone's and
 the VQ's as dicts with `step` and `loss` or as a bare list (one entry per logged step). matplotlib is the
