@@ -52,3 +52,13 @@ def test_the_link_pattern_finds_links_and_skips_code_and_urls():
 def test_every_relative_link_resolves(page):
     missing = [target for target in relative_targets(page.read_text()) if broken(page, target)]
     assert not missing, f"{page.relative_to(ROOT)} links to files or headings that do not exist: {missing}"
+
+
+def test_no_two_docs_share_a_title():
+    """Each doc's H1 says what it is: two pages with one title (as three sweeps once had) cannot be told apart."""
+    titles = {}
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        title = re.search(r"^# (.+)$", FENCE.sub("", page.read_text()), re.MULTILINE)
+        titles.setdefault(title.group(1).strip() if title else None, []).append(str(page.relative_to(ROOT)))
+    assert None not in titles, f"docs without a title: {titles.get(None)}"
+    assert not {t: p for t, p in titles.items() if len(p) > 1}
