@@ -55,3 +55,27 @@ def test_new_heads_replace_the_published_ones_in_place(tmp_path, capsys):
     torch.testing.assert_close(loaded.heads.vertical[0].proj.weight, new_heads.vertical[0].proj.weight.half().float())
     torch.testing.assert_close(loaded.backbone.model.norm.weight, pipe.backbone.model.norm.weight.half().float())
     assert loaded.heads.config.base_model == REPO_ID
+
+
+def test_the_card_alone_is_rebuilt_with_links_that_resolve_from_its_folder(tmp_path):
+    tiny_pipeline().save_pretrained(tmp_path / "hub")
+    weights = {f: f.read_bytes() for f in (tmp_path / "hub").rglob("*.safetensors")}
+    (tmp_path / "docs" / "history").mkdir(parents=True)
+    (tmp_path / "docs" / "history" / "diary.md").write_text("# diary\n")
+    notes = tmp_path / "docs" / "training.md"
+    notes.write_text("# title\n\nSee [the diary](history/diary.md#v4), [a site](https://x.org) and [here](#top).\n")
+    main(
+        [
+            "--card-only",
+            "--training",
+            str(notes),
+            "--benchmark",
+            str(tmp_path / "no.md"),
+            "--out",
+            str(tmp_path / "hub"),
+        ]
+    )
+    text = ModelCard.load(tmp_path / "hub" / "README.md").text
+    assert "[the diary](../docs/history/diary.md#v4)" in text and "[a site](https://x.org)" in text
+    assert "[here](#top)" in text and (tmp_path / "hub" / "../docs/history/diary.md").is_file()
+    assert {f: f.read_bytes() for f in (tmp_path / "hub").rglob("*.safetensors")} == weights

@@ -4,6 +4,8 @@
         --heads runs/heads --benchmark docs/reference_benchmark.md --out hub_cards/ssd-reference
     # new heads for the published backbone: the rest is taken from the pipeline as it is
     python -m ssd_pipelines.reference.publish --pipeline hub_cards/ssd-reference --heads runs/heads6
+    # the card alone, after the training notes or the benchmark changed: no weights are written
+    python -m ssd_pipelines.reference.publish --card-only --out hub_cards/ssd-reference
 
 The card is built with `huggingface_hub.ModelCard` from the training logs and the
 benchmark table, so every number in it comes from a command anyone can rerun.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -78,6 +82,20 @@ position, colour attribution). Seeds below 10^9 train; seeds from 10^9 are held 
 """
 
 
+RELATIVE_LINK = re.compile(r"(\]\()(?!https?://|#|/)([^)\s]+)(\))")
+
+
+def relink(markdown: str, source: Path, folder: Path) -> str:
+    """Markdown written in `source`'s folder, with its relative links rewritten to resolve from `folder`."""
+
+    def moved(match: re.Match) -> str:
+        target, _, anchor = match[2].partition("#")
+        new = Path(os.path.relpath(source.parent / target, folder)).as_posix()
+        return f"{match[1]}{new}{'#' + anchor if anchor else ''}{match[3]}"
+
+    return RELATIVE_LINK.sub(moved, markdown)
+
+
 def parameters(module: torch.nn.Module) -> str:
     return f"{sum(p.numel() for p in module.parameters()) / 1e6:.2f}M"
 
@@ -114,11 +132,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipeline", type=Path, help="take backbone, tokenizer and VQ model from this pipeline")
     parser.add_argument("--backbone", type=Path, help="folder with backbone/ and tokenizer/ (without --pipeline)")
     parser.add_argument("--vqvae", type=Path, help="VQ model folder (without --pipeline)")
-    parser.add_argument("--heads", type=Path, required=True)
+    parser.add_argument("--heads", type=Path, help="the heads to publish (not with --card-only)")
+    parser.add_argument("--card-only", action="store_true", help="rebuild the card of the pipeline in --out, alone")
     parser.add_argument("--training", type=Path, default=Path("docs/reference_training.md"), help="training notes")
     parser.add_argument("--benchmark", type=Path, default=Path("docs/reference_benchmark.md"), help="benchmark table")
     parser.add_argument("--out", type=Path, default=Path("hub_cards/ssd-reference"))
     args = parser.parse_args(argv)
+    if args.card_only:
+        if args.pipeline or args.backbone or args.vqvae or args.heads:
+            parser.error("--card-only rebuilds the card of the pipeline in --out: pass no weights")
+        write_card(SSDAutoregressivePipeline.from_pretrained(args.out), args)
+        return
+    if args.heads is None:
+        parser.error("pass --heads, or --card-only to rebuild the card alone")
     if (args.pipeline is None) == (args.backbone is None or args.vqvae is None):
         parser.error("pass either --pipeline, or both --backbone and --vqvae")
 
@@ -135,13 +161,18 @@ def main(argv: list[str] | None = None) -> None:
     heads.register_to_config(base_model=REPO_ID)
     pipe.load_heads(heads)
     pipe.to(torch.float16).save_pretrained(args.out)
+    write_card(pipe, args)
+    sizes = {p.relative_to(args.out).as_posix(): p.stat().st_size for p in sorted(args.out.rglob("*")) if p.is_file()}
+    print(json.dumps({"bytes": sum(sizes.values()), "files": sizes}, indent=1))
+
+
+def write_card(pipe: SSDAutoregressivePipeline, args: argparse.Namespace) -> None:
+    """The card in --out, from the training notes and the benchmark table (their titles dropped, links kept)."""
     sections = [
-        p.read_text().split("\n", 2)[-1] if p.is_file() else "(not measured yet)"
+        relink(p.read_text().split("\n", 2)[-1], p, args.out) if p.is_file() else "(not measured yet)"
         for p in (args.training, args.benchmark)
     ]
     build_card(pipe, *sections).save(args.out / "README.md")
-    sizes = {p.relative_to(args.out).as_posix(): p.stat().st_size for p in sorted(args.out.rglob("*")) if p.is_file()}
-    print(json.dumps({"bytes": sum(sizes.values()), "files": sizes}, indent=1))
 
 
 if __name__ == "__main__":
