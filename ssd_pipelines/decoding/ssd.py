@@ -29,7 +29,7 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import verify_round
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
-from .exact import FrontierRun, check_window
+from .frontier import FrontierRun, check_window
 from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
 
 
