@@ -3,13 +3,18 @@
 Both models keep a vocabulary map from code to token id (`img2bpe`). The logits
 of the codes are the output head's rows for those ids; when the ids form one
 run in code order, as in both published checkpoints, the rows are a view of the
-head's weight instead of a copy made at every step.
+head's weight instead of a copy made at every step. `CodeTokenBackbone` is what
+the two adapters share on top of that: rows of such codes, each closed by an
+end-of-line token, embedded and read out through the text model's own tables.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .base import ImageGrid
+from .causal_lm import CausalLMBackbone, execution_device
 
 
 class CodeTokens:
@@ -53,3 +58,43 @@ class CodeTokens:
         if self.token_ids.device != device:
             self.token_ids = self.token_ids.to(device)
         return self.token_ids
+
+
+class CodeTokenBackbone(CausalLMBackbone):
+    """An adapter whose codes are vocabulary tokens (`codes`), on a grid of `pixels_per_code` px codes whose rows end
+    in `eol_token_id`; the model's `lm_head` reads them out and its decoder's token table embeds them."""
+
+    codes: CodeTokens
+    pixels_per_code: int
+    eol_token_id: int
+    default_image_size: tuple[int, int]
+
+    @property
+    def grid(self) -> ImageGrid:
+        """The default size's grid (what `grid_for_size()` returns, without its check that the image fits)."""
+        height, width = self.default_image_size
+        return self._grid_of(height, width)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self.default_image_size
+
+    def _grid_of(self, height: int, width: int) -> ImageGrid:
+        f = self.pixels_per_code
+        return ImageGrid(height // f, width // f, self.codes.codebook_size, self.eol_token_id)
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.codes.logits(self.final_norm(hidden), self.model.lm_head.weight)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(self.codes.ids(codes))
+
+    def embed_token(self, token_id: int) -> torch.Tensor:
+        embedding = self.decoder.embed_tokens
+        return embedding(torch.tensor(token_id, device=execution_device(embedding)))
+
+    def _text_ids(self, text: str) -> list[int]:
+        """The tokenizer's ids of `text`, without the special tokens it would add (the prompt places its own)."""
+        if self.tokenizer is None:
+            raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]

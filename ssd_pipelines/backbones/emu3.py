@@ -18,12 +18,12 @@ import torch
 from transformers import Emu3ForConditionalGeneration, PreTrainedTokenizerBase
 
 from .base import ImageGrid, PromptBatch
-from .causal_lm import CausalLMBackbone, execution_device
-from .code_tokens import CodeTokens
+from .causal_lm import execution_device
+from .code_tokens import CodeTokenBackbone, CodeTokens
 from .prompts import check_prompt_request, left_padded_batch
 
 
-class Emu3Backbone(CausalLMBackbone):
+class Emu3Backbone(CodeTokenBackbone):
     """Adapter over `Emu3ForConditionalGeneration`; `image_size` is the (height, width) made by default."""
 
     IMAGE_START = "<|image start|>"
@@ -74,16 +74,6 @@ class Emu3Backbone(CausalLMBackbone):
             raise ValueError("Emu3 decodes with the VQ model inside its checkpoint: load the pipeline without vqvae.")
         return cls(model, tokenizer)
 
-    @property
-    def grid(self) -> ImageGrid:
-        """The default size's grid (what `grid_for_size()` returns, without its check that the image fits)."""
-        height, width = self.default_image_size
-        return self._grid_of(height, width)
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return self.default_image_size
-
     def grid_for_size(self, height: int | None = None, width: int | None = None) -> ImageGrid:
         """Emu3 makes any size whose sides are multiples of its VQ model's code size, while the image fits its
         positions."""
@@ -101,20 +91,6 @@ class Emu3Backbone(CausalLMBackbone):
                 f"{self.max_positions}: ask for a smaller image (the default is {self.default_image_size})."
             )
         return grid
-
-    def _grid_of(self, height: int, width: int) -> ImageGrid:
-        f = self.pixels_per_code
-        return ImageGrid(height // f, width // f, self.codes.codebook_size, self.eol_token_id)
-
-    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.codes.logits(self.final_norm(hidden), self.model.lm_head.weight)
-
-    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.decoder.embed_tokens(self.codes.ids(codes))
-
-    def embed_token(self, token_id: int) -> torch.Tensor:
-        embedding = self.decoder.embed_tokens
-        return embedding(torch.tensor(token_id, device=execution_device(embedding)))
 
     @property
     def can_decode(self) -> bool:
@@ -144,8 +120,3 @@ class Emu3Backbone(CausalLMBackbone):
         if guidance:
             unconditional = [[bos, *self._text_ids(n), *size] for n in negative_prompts or [""] * len(prompts)]
         return left_padded_batch(conditional, unconditional, num_images_per_prompt, self.pad_token_id, grid)
-
-    def _text_ids(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -26,12 +26,11 @@ from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerB
 
 from ..vq import decode_codes
 from .base import ImageGrid, PromptBatch
-from .causal_lm import CausalLMBackbone, execution_device
-from .code_tokens import CodeTokens
+from .code_tokens import CodeTokenBackbone, CodeTokens
 from .prompts import check_prompt_request, left_padded_batch
 
 
-class LuminaMGPTBackbone(CausalLMBackbone):
+class LuminaMGPTBackbone(CodeTokenBackbone):
     """Adapter over a Lumina-mGPT `ChameleonForConditionalGeneration`, with a Chameleon VQGAN as `vqvae`."""
 
     PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
@@ -39,7 +38,7 @@ class LuminaMGPTBackbone(CausalLMBackbone):
     IMAGE_START = "<racm3:break>"
     END_OF_LINE = "<reserved08799>"
     SIZE_UNIT = 32  # pixels per step of a size token: two codes of Chameleon's 16 px VQGAN
-    PIXELS_PER_CODE = 16
+    pixels_per_code = 16
     DEFAULT_IMAGE_SIZE = (768, 768)  # Alpha-VLLM/Lumina-mGPT-7B-768
     default_guidance_scale = 4.0
 
@@ -67,10 +66,10 @@ class LuminaMGPTBackbone(CausalLMBackbone):
         self.codes = CodeTokens.from_mapping(model.model.vocabulary_mapping.img2bpe)
         if vqvae is not None:
             factor = 2 ** (len(vqvae.config.block_out_channels) - 1)
-            if (vqvae.config.num_vq_embeddings, factor) != (self.codes.codebook_size, self.PIXELS_PER_CODE):
+            if (vqvae.config.num_vq_embeddings, factor) != (self.codes.codebook_size, self.pixels_per_code):
                 raise ValueError(
                     f"the VQ decoder has {vqvae.config.num_vq_embeddings} codes of {factor} px, but Lumina-mGPT "
-                    f"writes {self.codes.codebook_size} codes of {self.PIXELS_PER_CODE} px: load Meta's Chameleon "
+                    f"writes {self.codes.codebook_size} codes of {self.pixels_per_code} px: load Meta's Chameleon "
                     "VQGAN (ssd_pipelines.backbones.chameleon_vqgan.load_chameleon_vqgan)."
                 )
         self.vqvae = vqvae
@@ -84,16 +83,6 @@ class LuminaMGPTBackbone(CausalLMBackbone):
     def from_components(cls, model: ChameleonForConditionalGeneration, tokenizer, vqvae=None) -> LuminaMGPTBackbone:
         """The adapter over a pipeline's components; `vqvae` is the converted Chameleon VQGAN, if loaded."""
         return cls(model, tokenizer, vqvae)
-
-    @property
-    def grid(self) -> ImageGrid:
-        """The default size's grid (what `grid_for_size()` returns, without its check that the image fits)."""
-        height, width = self.default_image_size
-        return self._grid_of(height, width)
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return self.default_image_size
 
     def grid_for_size(self, height: int | None = None, width: int | None = None) -> ImageGrid:
         """Sides in multiples of 32 px (the size tokens' unit) whose size tokens exist and whose image fits the
@@ -116,22 +105,8 @@ class LuminaMGPTBackbone(CausalLMBackbone):
             )
         return grid
 
-    def _grid_of(self, height: int, width: int) -> ImageGrid:
-        f = self.PIXELS_PER_CODE
-        return ImageGrid(height // f, width // f, self.codes.codebook_size, self.eol_token_id)
-
     def _size_token_name(self, pixels: int) -> str:
         return f"<reserved{8800 + pixels // self.SIZE_UNIT:05d}>"
-
-    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.codes.logits(self.final_norm(hidden), self.model.lm_head.weight)
-
-    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.decoder.embed_tokens(self.codes.ids(codes))
-
-    def embed_token(self, token_id: int) -> torch.Tensor:
-        embedding = self.decoder.embed_tokens
-        return embedding(torch.tensor(token_id, device=execution_device(embedding)))
 
     @property
     def can_decode(self) -> bool:
@@ -152,7 +127,7 @@ class LuminaMGPTBackbone(CausalLMBackbone):
     ) -> PromptBatch:
         check_prompt_request(prompts, negative_prompts, num_images_per_prompt, guidance)
         grid = grid or self.grid
-        height, width = grid.rows * self.PIXELS_PER_CODE, grid.cols * self.PIXELS_PER_CODE
+        height, width = grid.rows * self.pixels_per_code, grid.cols * self.pixels_per_code
         image_start = [
             self.vocabulary[name] for name in (self.IMAGE_START, *map(self._size_token_name, (height, width)))
         ]
@@ -167,8 +142,5 @@ class LuminaMGPTBackbone(CausalLMBackbone):
 
     def _turn(self, prompt: str, height: int, width: int) -> list[int]:
         """BOS, the templated prompt and the end-of-turn token, as Lumina-mGPT tokenizes a human turn."""
-        if self.tokenizer is None:
-            raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
-        text = self.PROMPT_TEMPLATE.format(width=width, height=height, prompt=prompt)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self._text_ids(self.PROMPT_TEMPLATE.format(width=width, height=height, prompt=prompt))
         return [self.tokenizer.bos_token_id, *ids, self.vocabulary[self.END_OF_TURN]]
