@@ -14,7 +14,8 @@ from tiny_backbones import VQGANShape, tiny_emu3, tiny_janus, tiny_lumina, write
 from ssd_pipelines import ARDecoding, DraftHeads, ExactDecoding, SamplingConfig, SSDAutoregressivePipeline
 from ssd_pipelines.backbones import Emu3Backbone, JanusProBackbone, LuminaMGPTBackbone
 from ssd_pipelines.backbones.chameleon_vqgan import load_chameleon_vqgan
-from ssd_pipelines.training.distill import collect, train_heads
+from ssd_pipelines.training.distill_data import collect
+from ssd_pipelines.training.head_training import train_heads
 
 PROMPTS = ["a red dog", "the blue cat in the rain"]
 

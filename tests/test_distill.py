@@ -13,7 +13,10 @@ from accelerate import Accelerator
 
 from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_llama, tiny_tokenizer
-from ssd_pipelines.training.distill import DistillationData, collect, distill_loss, head_offsets, main, train_heads
+from ssd_pipelines.training.distill import main
+from ssd_pipelines.training.distill_data import DistillationData, collect, shard_folder
+from ssd_pipelines.training.head_loss import distill_loss, head_offsets
+from ssd_pipelines.training.head_training import train_heads
 
 PROMPTS = ["a red circle", "blue square", "the green square left of a circle", "red"]
 
@@ -182,8 +185,6 @@ def test_collection_streams_to_shards_and_resumes_from_them(backbone, tmp_path):
 
 
 def test_a_data_dir_of_other_settings_is_refused(tmp_path):
-    from ssd_pipelines.training.distill import shard_folder
-
     shard_folder(tmp_path, {"seed": 0}, 0)
     with pytest.raises(ValueError, match="holds generations made with other settings"):
         shard_folder(tmp_path, {"seed": 1}, 0)

@@ -101,7 +101,7 @@ def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTra
     if config.init and config.resume:
         raise ValueError("pass --init (weights, new warm-up) or --resume (a saved state), not both")
     if config.init or config.resume:
-        return load_backbone(Path(config.init) if config.init else Path(config.resume) / "backbone", tokens)
+        return load_llama_model(Path(config.init) if config.init else Path(config.resume) / "backbone", tokens)
     llama = LlamaConfig(
         vocab_size=tokens.code_offset + tokens.codebook_size,
         hidden_size=config.hidden_size,
@@ -120,7 +120,7 @@ def build_backbone(config: BackboneConfig, tokens: GridTokens, tokenizer: PreTra
     return LlamaForCausalLM(llama)
 
 
-def load_backbone(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
+def load_llama_model(folder: Path, tokens: GridTokens) -> LlamaForCausalLM:
     """Load a saved backbone whose vocabulary layout must be `tokens` (same codebook and caption words)."""
     model = LlamaForCausalLM.from_pretrained(folder, use_safetensors=True, dtype=torch.float32)
     saved = getattr(model.config, "image_grid", None)

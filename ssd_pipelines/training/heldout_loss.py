@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from ..backbones import GridTokens
 from ..reference.caption_tokenizer import build_caption_tokenizer
 from ..reference.scenes import HELDOUT_SEED_START, SceneSpec, sample_scene
-from .backbone import image_nll, indices_by_length, load_backbone, reference_grid_tokens, training_batch
+from .backbone import image_nll, indices_by_length, load_llama_model, reference_grid_tokens, training_batch
 from .encoded_scenes import EncodedScenes, encode_scenes
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Held-out loss (nats per code) on {args.scenes} scenes; {objects.mean():.0%} of cells touch an object.\n")
     print("| backbone | object cells | background cells | all cells |\n|---|---|---|---|")
     for folder in args.backbones:
-        model = load_backbone(folder, tokens).eval()
+        model = load_llama_model(folder, tokens).eval()
         split = split_losses(code_losses(model, data, tokens, tokenizer), objects)
         print(f"| {folder} | {split['object']:.3f} | {split['background']:.3f} | {split['all']:.3f} |")
 
