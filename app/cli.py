@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_pipeline(args: argparse.Namespace):
     """The pipeline the whole server shares, on its device and dtype."""
     from ssd_pipelines import SSDAutoregressivePipeline
-    from ssd_pipelines.cli import default_model
+    from ssd_pipelines.hub import default_model
 
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.float16)
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), heads=args.heads, dtype=dtype)

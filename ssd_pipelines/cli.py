@@ -23,14 +23,7 @@ import torch
 
 from .acceptance import format_rates
 from .decoding import DEFAULT_DECODING, STRATEGIES, USER_DECODINGS, check_options, options_for, strategy_class
-
-HUB_MODEL = "ssd-pipelines/ssd-reference"
-BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
-
-
-def default_model() -> str:
-    """The reference model shipped in this repository when installed from it, else its Hub repository."""
-    return str(BUNDLED_MODEL) if (BUNDLED_MODEL / "model_index.json").is_file() else HUB_MODEL
+from .hub import HUB_MODEL, default_model
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

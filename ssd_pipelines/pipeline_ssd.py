@@ -12,8 +12,6 @@ pipeline neither corrupt nor stop each other.
 
 from __future__ import annotations
 
-import importlib
-import json
 import numbers
 import threading
 from dataclasses import dataclass
@@ -27,21 +25,12 @@ import torch.nn.functional as F
 from diffusers import DiffusionPipeline, VQModel
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .backbones import ImageBackbone, adapter_for, model_class_for
+from .backbones import ImageBackbone, adapter_for
 from .decoding import DEFAULT_DECODING, UNDECODED, check_options, make_strategy, options_for, strategy_class
 from .heads import DraftHeads
-from .hub import (
-    WEIGHTS_FAULTS,
-    check_checkpoint,
-    check_components,
-    check_heads_complete,
-    load_heads,
-    loading_error,
-    pipeline_components,
-    resolve_source,
-)
+from .hub import heads_for, load_pipeline
 from .sampling import SamplingConfig
 
 EXAMPLE_DOC_STRING = """
@@ -58,26 +47,7 @@ EXAMPLE_DOC_STRING = """
         ```
 """
 
-HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token")
-DEVICE_MAP_OPTIONS = ("device_map", "max_memory", "offload_folder")  # accelerate, through transformers
-
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
-
-def _register_with_diffusers() -> None:
-    """Let diffusers save, download and load our `DraftHeads` component as it does its own and transformers'.
-
-    Without this, diffusers records a component from an unknown library under its module path and, loading
-    from the Hub, looks for that module as a remote code file.
-    """
-    from diffusers.pipelines import pipeline_loading_utils as loading
-
-    methods = {DraftHeads.__name__: ["save_pretrained", "from_pretrained"]}
-    loading.LOADABLE_CLASSES.setdefault(__name__.split(".")[0], methods)
-    loading.ALL_IMPORTABLE_CLASSES.update(methods)
-
-
-_register_with_diffusers()
 
 
 @dataclass
@@ -148,99 +118,12 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. vqvae: a VQ decoder for a
         checkpoint that has none inside (Lumina-mGPT: `load_chameleon_vqgan`).
         """
-        if kwargs.pop("use_safetensors", True) is not True:
-            raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
-        if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
-            kwargs["dtype"] = torch.float32
-        hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
-        placement = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
-        name = str(pretrained_model_name_or_path)
-        source = resolve_source(name, **hub_options)
-        if source.kind == "heads":
-            if heads is not None:
-                raise ValueError(
-                    f"{pretrained_model_name_or_path} is a heads repository: pass a pipeline with heads=..., not both."
-                )
-            heads = load_heads(source.location)
-            if not heads.config.base_model:
-                raise ValueError(
-                    f"the heads in {pretrained_model_name_or_path} do not name their base model: pass it, with heads=."
-                )
-            hub_options.pop("revision", None)  # the revision was the heads'
-            return cls.from_pretrained(heads.config.base_model, heads=heads, **hub_options, **placement, **kwargs)
-        if source.kind == "checkpoint":
-            pipe = cls._from_checkpoint(Path(source.location), name, placement, **kwargs)
-        else:
-            pipe = cls._from_pipeline_folder(Path(source.location), name, placement, **kwargs)
-        pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
-        if placement:
-            pipe._place_beside_backbone()
-        if heads is not None:
-            pipe.load_heads(heads, **hub_options)
-        return pipe
-
-    @classmethod
-    def _from_pipeline_folder(cls, folder: Path, name: str, placement: dict, **kwargs) -> SSDAutoregressivePipeline:
-        check_components(folder, name)
-        if placement and "backbone" not in kwargs:  # diffusers places whole components; a device map splits one
-            library, class_name = pipeline_components(folder)["backbone"]
-            model_class = getattr(importlib.import_module(library), class_name)
-            kwargs["backbone"] = _load_model(model_class, folder / "backbone", name, _dtype(kwargs), placement)
-        try:
-            pipe = super().from_pretrained(folder, use_safetensors=True, **kwargs)
-        except WEIGHTS_FAULTS as error:
-            raise ValueError(
-                f"could not load the pipeline {name}: {loading_error(error)}. Its weights must be readable "
-                "safetensors files that match their config.json: re-download them (force_download=True) or "
-                "re-save the pipeline."
-            ) from error
-        if pipe.heads is not None:
-            check_heads_complete(pipe.heads, folder / "heads")
-        return pipe
-
-    @classmethod
-    def _from_checkpoint(
-        cls, folder: Path, name: str, placement: dict, vqvae: VQModel | None = None, **kwargs
-    ) -> SSDAutoregressivePipeline:
-        """A pipeline around a supported backbone's transformers checkpoint: its model and tokenizer, its own VQ
-        decoder (Janus-Pro, Emu3) or `vqvae` (Lumina-mGPT), no heads."""
-        dtype = _dtype(kwargs)
-        unknown = set(kwargs) - {"dtype", "torch_dtype"}
-        if unknown:
-            raise ValueError(f"unknown options for a transformers checkpoint: {sorted(unknown)}.")
-        check_checkpoint(folder, name)
-        model_class = model_class_for(json.loads((folder / "config.json").read_text())["model_type"])
-        backbone = _load_model(model_class, folder, name, dtype, placement)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        return cls(backbone, tokenizer, None if vqvae is None else vqvae.to(dtype=dtype).eval())
-
-    def _place_beside_backbone(self) -> None:
-        """Heads and VQ decoder on the device of the backbone's last layer, where their inputs are computed."""
-        device = self.image_backbone.device
-        for name in ("heads", "vqvae"):
-            module = getattr(self, name)
-            if module is not None:
-                self.register_modules(**{name: module.to(device)})
+        return load_pipeline(cls, pretrained_model_name_or_path, heads, super().from_pretrained, **kwargs)
 
     def load_heads(self, heads: DraftHeads | str | Path, **hub_options) -> None:
-        """Plug drafting heads into the pipeline after checking they were made for this backbone."""
-        if not isinstance(heads, DraftHeads):
-            source = resolve_source(str(heads), **hub_options)
-            if source.kind != "heads":
-                raise ValueError(
-                    f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
-                )
-            heads = load_heads(source.location)
-        backbone = self.image_backbone
-        heads = heads.to(device=backbone.device, dtype=self.backbone.dtype)  # beside the backbone's last layer
-        heads.check_compatible(backbone)
-        base = heads.config.base_model
-        ours = self.config.get("_name_or_path")
-        if base and ours and not Path(ours).exists() and base != ours:
-            raise ValueError(
-                f"these heads were trained for {base!r}, not for {ours!r}: load the heads trained for {ours!r}."
-            )
-        self.register_modules(heads=heads)
+        """Plug drafting heads (a `DraftHeads`, a folder or a repository id) into the pipeline after checking they
+        were made for this backbone."""
+        self.register_modules(heads=heads_for(self, heads, **hub_options))
 
     @property
     def image_backbone(self) -> ImageBackbone:
@@ -420,6 +303,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         backbone = self.image_backbone
         if not backbone.can_decode:
             raise ValueError("this pipeline has no VQ decoder (vqvae): it cannot turn codes into pixels.")
+        _check_codes(codes, backbone)
         codes = codes.to(backbone.device)
         pixels = backbone.decode_codes(codes.clamp_min(0))  # [B, 3, H, W] in [0, 1]
         decoded = (codes != UNDECODED)[:, None].to(pixels)  # [B, 1, R, C], where the VQ decoder put the pixels
@@ -427,19 +311,38 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         return self.image_processor.postprocess(pixels, output_type=output_type)
 
 
-def _dtype(kwargs: dict) -> torch.dtype:
-    return kwargs.get("dtype") or kwargs.get("torch_dtype")
+def _check_codes(codes, backbone: ImageBackbone) -> None:
+    """Refuse, saying what to pass, codes that torch would fail on deep inside the VQ decoder (an embedding's
+    IndexError) or that it would draw as something else (codes below -1 as code 0)."""
+    native = backbone.grid
+    if not isinstance(codes, torch.Tensor):
+        got = f"a {type(codes).__name__}"
+    elif codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        got = f"a tensor of {codes.dtype}"
+    elif codes.dim() != 3:
+        hint = " (for one image, pass codes[None])" if codes.dim() == 2 else ""
+        got = f"a tensor of shape {list(codes.shape)}{hint}"
+    elif not _makes_grid(backbone, *codes.shape[1:]):
+        got = f"a {codes.shape[1]} x {codes.shape[2]} grid"
+    elif codes.numel() and not UNDECODED <= codes.min() <= codes.max() < native.codebook_size:
+        got = f"values from {codes.min().item()} to {codes.max().item()}"
+    else:
+        return
+    raise ValueError(
+        f"`codes` must be an integer tensor [B, R, C] on a grid this model makes ({native.rows} x {native.cols} at its "
+        f"default size), with values in 0..{native.codebook_size - 1}, or -1 where not decoded; got {got}. Pass the "
+        "codes of a call with output_type='latent', or those callback_on_step_end receives."
+    )
 
 
-def _load_model(model_class, folder: Path, name: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
-    """A transformers model from safetensors, spread over devices by accelerate when `placement` has a device_map."""
+def _makes_grid(backbone: ImageBackbone, rows: int, cols: int) -> bool:
+    """Whether the backbone makes images of a rows x cols grid: one size only, or several (Emu3, Lumina-mGPT)."""
+    (height, width), native = backbone.image_size, backbone.grid
     try:
-        return model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **placement).eval()
-    except WEIGHTS_FAULTS as error:
-        raise ValueError(
-            f"could not load the backbone of {name}: {loading_error(error)}. Its weights must be readable "
-            "safetensors files that match its config.json: re-download them (force_download=True)."
-        ) from error
+        grid = backbone.grid_for_size(rows * height // native.rows, cols * width // native.cols)
+    except ValueError:
+        return False
+    return (grid.rows, grid.cols) == (rows, cols)
 
 
 def _as_prompt_list(prompt) -> list:

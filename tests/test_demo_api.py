@@ -11,7 +11,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.cli import BUNDLED_MODEL
+from ssd_pipelines.hub import BUNDLED_MODEL
 
 PROMPT = "a red circle left of a blue square"
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from diffusers import DDPMScheduler
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.hub import load_heads
@@ -113,3 +114,50 @@ def test_a_pipeline_whose_heads_do_not_match_their_config(saved):
     with pytest.raises(ValueError, match="could not load the pipeline .*expected shape .*match their config") as caught:
         SSDAutoregressivePipeline.from_pretrained(saved)
     assert "ignore_mismatched_sizes" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text, fault",
+    [
+        (
+            '{"_class_name": "SSDAutoregressivePipeline",',
+            "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 45 (char 44))",
+        ),
+        ('["backbone"]', "holds a list, not a JSON object"),
+    ],
+)
+def test_a_damaged_model_index_names_the_file(saved, text, fault):
+    (saved / "model_index.json").write_text(text)
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    assert str(caught.value) == (
+        f"{saved / 'model_index.json'} {fault}: correct it, re-download it (force_download=True), or re-save the "
+        "model with save_pretrained."
+    )
+
+
+def test_a_component_beside_ours_needs_its_own_config_file(saved):
+    """A scheduler saves scheduler_config.json: asking it for a tokenizer's config would refuse a sound pipeline."""
+    index = json.loads((saved / "model_index.json").read_text())
+    (saved / "model_index.json").write_text(json.dumps({**index, "scheduler": ["diffusers", "DDPMScheduler"]}))
+    (saved / "scheduler").mkdir()
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    assert str(caught.value) == (
+        f"could not load the pipeline {saved}: {saved / 'scheduler' / 'scheduler_config.json'} is missing "
+        "('scheduler' needs it). Re-download the pipeline, or re-save it with save_pretrained."
+    )
+    DDPMScheduler().save_pretrained(saved / "scheduler")
+    assert SSDAutoregressivePipeline.from_pretrained(saved).heads is not None
+
+
+def test_a_subclass_loads_as_itself_from_a_pipeline_and_from_heads(saved, tmp_path):
+    class Custom(SSDAutoregressivePipeline):
+        pass
+
+    assert type(Custom.from_pretrained(saved)) is Custom
+    heads = tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8))
+    heads.register_to_config(base_model=str(saved))
+    heads.save_pretrained(tmp_path / "heads")
+    pipe = Custom.from_pretrained(tmp_path / "heads")
+    assert type(pipe) is Custom and pipe.config._name_or_path == str(saved)

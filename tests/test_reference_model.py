@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ssd_pipelines import DraftHeads, SSDAutoregressivePipeline
-from ssd_pipelines.cli import BUNDLED_MODEL, default_model
+from ssd_pipelines.hub import BUNDLED_MODEL, default_model
 
 FOLDER = BUNDLED_MODEL
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..cli import default_model
 from ..decoding import make_strategy
+from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli import default_model
 from ..decoding import make_strategy
+from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..cli import default_model
+from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_to_heldout

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..cli import default_model
+from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene

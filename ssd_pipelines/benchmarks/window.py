@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli import default_model
+from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..acceptance import format_rates
