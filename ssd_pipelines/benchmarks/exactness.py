@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..acceptance import format_rates
 from ..backbones.base import ImageBackbone
 from ..decoding import (
     ARDecoding,
@@ -38,7 +39,6 @@ from ..decoding import (
 from ..decoding.base import Block, both_branches
 from ..sampling import SamplingConfig, target_probs
 from ..testing import tiny_backbone, tiny_heads
-from ..acceptance import format_rates
 from . import report
 
 TOY_PROMPT = "a"

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..acceptance import format_rates
 from ..decoding import make_strategy
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
@@ -38,7 +39,6 @@ from ..reference.quality import frechet_distance, heldout_features, image_featur
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
 from ..vq import encode_images
-from ..acceptance import format_rates
 from . import add_reference_renders, plots, report
 from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..acceptance import format_rates
 from ..decoding import make_strategy
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from ..sampling import SamplingConfig
-from ..acceptance import format_rates
 from . import add_reference_renders, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..acceptance import format_rates
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..acceptance import format_rates
 from . import add_reference_renders, report
 
 DECODINGS: dict[str, dict] = {

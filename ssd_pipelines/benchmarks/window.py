@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..acceptance import format_rates
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..acceptance import format_rates
 from . import report
 
 
