@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import comfy.model_management
 import comfy.utils
 import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, options_for, strategy_class
 
 from .codes import CODES, SSDCodes
 from .images import preview_image, to_comfy_images
 from .loader import PIPELINE
 
-DECODINGS = ("ssd", "exact", "ar")
+ROUNDS = strategy_class("ssd").option("verify_rounds")  # the node's `rounds`
+K_V = strategy_class("ssd").option("vertical_rows")  # the node's `k_v`
+MAX_GUIDANCE = 30.0
+MODEL_GUIDANCE = 0.0  # the guidance input's "the model's own scale"
+LOG = logging.getLogger(__name__)  # propagates to ComfyUI's handler on the root logger, its console and log file
 MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF  # what torch.Generator.manual_seed accepts, as ComfyUI's samplers allow
 
 
@@ -37,24 +46,18 @@ class RowProgress:
         return {}
 
 
-def decoding_options(decoding: str, rounds: int, k_v: int) -> dict:
-    """Only the options a decoding takes: the pipeline refuses rounds and k_v outside ssd."""
-    return {"verify_rounds": rounds, "vertical_rows": k_v} if decoding == "ssd" else {}
-
-
-def format_stats(stats: dict) -> str:
-    """The pipeline's statistics, one per line, for a text preview node."""
-    acceptance = ", ".join("-" if rate is None else f"{rate:.2f}" for rate in stats["acceptance_per_round"]) or "-"
-    return "\n".join(
-        [
-            f"decoding: {stats['strategy']}",
-            f"images: {stats['images']}",
-            f"forward passes: {stats['forward_passes']}",
-            f"rows completed: {stats['rows_completed']}",
-            f"seconds: {stats['seconds']:.2f}",
-            f"acceptance per round: {acceptance}",
-        ]
-    )
+def format_stats(stats: dict, guidance: float, notes: list[str]) -> str:
+    """The pipeline's statistics, one per line, for a text preview node; then what it changed in the prompt."""
+    lines = [
+        f"decoding: {stats['strategy']}",
+        f"images: {stats['images']}",
+        f"forward passes: {stats['forward_passes']}",
+        f"rows completed: {stats['rows_completed']}",
+        f"seconds: {stats['seconds']:.2f}",
+        f"acceptance per round: {format_rates(stats['acceptance_per_round'])}",
+        f"guidance: {guidance:g}",
+    ]
+    return "\n".join(lines + [f"warning: {note}" for note in notes])
 
 
 class SSDGenerate:
@@ -104,11 +107,12 @@ class SSDGenerate:
                 "guidance": (
                     "FLOAT",
                     {
-                        "default": 3.0,
-                        "min": 0.0,
-                        "max": 30.0,
+                        "default": MODEL_GUIDANCE,
+                        "min": MODEL_GUIDANCE,
+                        "max": MAX_GUIDANCE,
                         "step": 0.1,
-                        "tooltip": "Classifier-free guidance scale; 1 turns guidance off.",
+                        "tooltip": "Classifier-free guidance scale. 0: the model's own (3 for the reference model, "
+                        "5 for Janus-Pro); 1 turns guidance off; values between 0 and 1 are refused.",
                     },
                 ),
                 "temperature": (
@@ -122,28 +126,28 @@ class SSDGenerate:
                     },
                 ),
                 "decoding": (
-                    list(DECODINGS),
+                    list(USER_DECODINGS),
                     {
-                        "default": "ssd",
-                        "tooltip": "ssd: the paper's, `rounds` verification rounds per row. exact: lossless, a window of one row verified past each image's frontier of final cells. ar: one code per forward pass.",
+                        "default": DEFAULT_DECODING,
+                        "tooltip": "\n".join(f"{name}: {strategy_class(name).summary}" for name in USER_DECODINGS),
                     },
                 ),
                 "rounds": (
                     "INT",
                     {
-                        "default": 2,
-                        "min": 0,
+                        "default": ROUNDS.default,
+                        "min": ROUNDS.minimum,
                         "max": 16,
-                        "tooltip": "ssd only: at most this many verification rounds per drafted block (fewer once a round rejects nothing); 0 keeps drafts unverified.",
+                        "tooltip": f"ssd only: {ROUNDS.about}.",
                     },
                 ),
                 "k_v": (
                     "INT",
                     {
-                        "default": 1,
-                        "min": 1,
+                        "default": K_V.default,
+                        "min": K_V.minimum,
                         "max": 16,
-                        "tooltip": "ssd only: rows drafted at once by the vertical heads; at most what the heads were trained for.",
+                        "tooltip": f"ssd only: {K_V.about}; at most what the heads were trained for.",
                     },
                 ),
                 "preview": (
@@ -155,6 +159,17 @@ class SSDGenerate:
                 ),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, guidance: float) -> bool | str:
+        """Refuse a guidance in (0, 1) when the prompt is queued, not once the run is under way (the pipeline needs
+        >= 1). ComfyUI then skips its own min/max check of `guidance`, so this checks the whole range."""
+        if guidance == MODEL_GUIDANCE or 1.0 <= guidance <= MAX_GUIDANCE:
+            return True
+        return (
+            f"{guidance:g} is no guidance scale: 0 takes the model's own, 1 turns guidance off, "
+            f"and scales go from 1 to {MAX_GUIDANCE:g}."
+        )
 
     def generate(
         self,
@@ -170,19 +185,27 @@ class SSDGenerate:
         k_v: int,
         preview: bool,
     ) -> tuple[torch.Tensor, SSDCodes, str]:
+        if guidance == MODEL_GUIDANCE:
+            guidance = pipeline.image_backbone.default_guidance_scale
         progress = RowProgress(pipeline.image_backbone.grid.rows, preview)
-        out = pipeline(
-            prompt,
-            negative_prompt=negative_prompt or None,
-            num_images_per_prompt=batch_size,
-            guidance_scale=guidance,
-            temperature=temperature,
-            generator=torch.Generator().manual_seed(seed),  # a CPU generator drives any device, the same way
-            decoding=decoding,
-            **decoding_options(decoding, rounds, k_v),
-            output_type="np",
-            callback_on_step_end=progress,
-        )
+        options = options_for(decoding, verify_rounds=rounds, vertical_rows=k_v)
+        with warnings.catch_warnings():  # the output's warnings are logged once, below, not also as Python warnings
+            warnings.simplefilter("ignore", UserWarning)
+            out = pipeline(
+                prompt,
+                negative_prompt=negative_prompt or None,
+                num_images_per_prompt=batch_size,
+                guidance_scale=guidance,
+                temperature=temperature,
+                generator=torch.Generator().manual_seed(seed),  # a CPU generator drives any device, the same way
+                decoding=decoding,
+                **options,
+                output_type="np",
+                callback_on_step_end=progress,
+            )
+        for note in out.warnings:
+            LOG.warning("SSD Generate: %s", note)
         images = to_comfy_images(out.images)
-        codes = SSDCodes(out.codes, out.final_round, (images.shape[1], images.shape[2]))
-        return images, codes, format_stats(out.stats)
+        # A cell resampled in ssd's last round was never checked again; exact and ar have no last round.
+        codes = SSDCodes(out.codes, out.final_round, (images.shape[1], images.shape[2]), options.get("verify_rounds"))
+        return images, codes, format_stats(out.stats, guidance, out.warnings)

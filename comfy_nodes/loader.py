@@ -7,6 +7,7 @@ from pathlib import Path
 
 import comfy.model_management
 import torch
+from huggingface_hub.errors import LocalEntryNotFoundError
 
 from ssd_pipelines import SSDAutoregressivePipeline
 
@@ -102,9 +103,11 @@ def load_pipeline(source: str, heads: str | None, dtype: torch.dtype, device: st
     try:
         pipe = SSDAutoregressivePipeline.from_pretrained(source, heads=heads, dtype=dtype)
     except ValueError as error:
-        hub_id = next((name for name in (source, heads) if name and not Path(name).is_dir()), None)
-        if hub_id is None:
+        # Advice to download only where the Hub could not be reached; the library's own message says when a local
+        # path does not exist, or a repository is not on the Hub.
+        if not isinstance(error.__cause__, LocalEntryNotFoundError):
             raise
+        hub_id = next(name for name in (source, heads) if name and not Path(name).is_dir())
         folder = Path(models_folders()[0]) / hub_id.split("/")[-1]
         raise ValueError(
             f"{error} For ComfyUI, download {hub_id} into its models folder (`hf download {hub_id} --local-dir "

@@ -101,6 +101,15 @@ def test_loader_names_a_missing_model(nodes, ssd_models):
         nodes["SSDPipelineLoader"].load(model="gone", dtype="float32", device="default")
 
 
+def test_loader_says_a_local_path_does_not_exist(nodes, ssd_models, tmp_path):
+    with pytest.raises(ValueError) as raised:
+        nodes["SSDPipelineLoader"].load(
+            model="ssd-reference", dtype="float32", device="default", path_or_repo_id=str(tmp_path / "gone")
+        )
+    assert str(raised.value).startswith(f"no such folder: {tmp_path / 'gone'}.")
+    assert "hf download" not in str(raised.value)
+
+
 def test_loader_offline_hub_id_says_how_to_get_it(nodes, ssd_models, hub, monkeypatch):
     from huggingface_hub import constants
 
@@ -125,6 +134,39 @@ def test_generate_returns_comfyui_images_codes_and_stats(nodes, pipeline):
     # docs/decoding.md: ssd with r = 1, k_v = 1 takes 36 passes on the 16 x 16 grid, whatever the batch.
     assert stats.splitlines()[:4] == ["decoding: ssd", "images: 2", "forward passes: 36", "rows completed: 16"]
     assert stats.splitlines()[5].startswith("acceptance per round: 0.")
+    assert stats.splitlines()[6:] == ["guidance: 3"]
+
+
+def test_guidance_is_checked_when_queued_and_0_is_the_models_own(comfy_pack):
+    node = comfy_pack.NODE_CLASS_MAPPINGS["SSDGenerate"]
+    guidance = node.INPUT_TYPES()["required"]["guidance"][1]
+    assert guidance["default"] == guidance["min"] == 0.0 and "model's own" in guidance["tooltip"]
+    for accepted in (0.0, 1.0, 3.0, 30.0):
+        assert node.VALIDATE_INPUTS(guidance=accepted) is True
+    for refused in (0.5, 0.99, 30.5, -1.0):
+        assert node.VALIDATE_INPUTS(guidance=refused).startswith(f"{refused:g} is no guidance scale: 0 takes")
+
+
+def test_guidance_0_runs_at_the_models_own_scale(nodes, pipeline, monkeypatch):
+    # The adapter is built anew on each access: set the scale on its class, as 5 is Janus-Pro's.
+    monkeypatch.setattr(type(pipeline.image_backbone), "default_guidance_scale", 5.0)
+    images, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, guidance=0.0))
+    assert "guidance: 5" in stats.splitlines()
+    expected = pipeline(
+        PROMPT, generator=torch.Generator().manual_seed(7), guidance_scale=5.0, verify_rounds=1, output_type="np"
+    )
+    np.testing.assert_array_equal(images.numpy(), expected.images)
+    other, _, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, guidance=3.0))
+    assert not np.array_equal(other.numpy(), expected.images)
+
+
+def test_stats_and_log_carry_the_pipelines_warnings(nodes, pipeline, caplog):
+    long_prompt = " ".join(["a red circle left of a blue square"] * 40)
+    with caplog.at_level("WARNING"):
+        _, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, prompt=long_prompt))
+    (warning,) = [line for line in stats.splitlines() if line.startswith("warning: ")]
+    assert "only the first" in warning and "Shorten the prompt" in warning
+    assert [record.getMessage() for record in caplog.records] == [f"SSD Generate: {warning.removeprefix('warning: ')}"]
 
 
 def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
@@ -141,6 +183,17 @@ def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
     assert torch.equal(codes.codes, expected.codes)
     (decoded,) = nodes["SSDDecodeCodes"].decode(pipeline=pipeline, codes=codes)
     torch.testing.assert_close(decoded, images)
+
+
+def test_decoding_controls_come_from_the_library(comfy_pack):
+    from ssd_pipelines.decoding import USER_DECODINGS, option_default, strategy_class
+
+    required = comfy_pack.NODE_CLASS_MAPPINGS["SSDGenerate"].INPUT_TYPES()["required"]
+    choices, decoding = required["decoding"]
+    assert choices == list(USER_DECODINGS) and decoding["default"] == "ssd"
+    assert all(strategy_class(name).summary in decoding["tooltip"] for name in USER_DECODINGS)
+    assert required["rounds"][1]["default"] == option_default("ssd", "verify_rounds") == 2
+    assert required["k_v"][1]["default"] == option_default("ssd", "vertical_rows")
 
 
 def test_each_decoding_gets_only_its_options(nodes, pipeline):
@@ -190,31 +243,39 @@ def test_cancel_stops_decoding_between_rows(nodes, pipeline, progress_calls, com
     assert images.shape == (1, 64, 64, 3) and "rows completed: 16" in stats
 
 
-def test_acceptance_map_colours_cells_by_their_final_round(comfy_pack):
+def test_acceptance_map_colours_cells_with_the_demos_palette(comfy_pack):
     from importlib import import_module
+
+    from ssd_pipelines.acceptance import CATEGORIES, legend_lines
 
     codes_module = import_module(comfy_pack.__name__ + ".comfy_nodes.codes")
     final_round = torch.tensor([[[-1, 0, 1, 2], [3, 4, 5, 9]]])  # [B=1, R=2, C=4]
-    codes = codes_module.SSDCodes(torch.zeros_like(final_round), final_round, (4, 8))
-    (image,) = codes_module.SSDAcceptanceMap().draw(codes=codes)
-    assert image.shape == (1, 4, 8, 3) and image.dtype == torch.float32
-    colours = codes_module.ROUND_COLOURS
-    for row, col, round_ in [(0, 0, -1), (0, 1, 0), (0, 2, 1), (0, 3, 2), (1, 0, 3), (1, 1, 4), (1, 2, 5), (1, 3, 5)]:
-        block = image[0, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2]  # each cell is 2 x 2 pixels here
-        assert torch.equal(block, torch.tensor(colours[round_][0]).expand(2, 2, 3)), (row, col)
-    assert all(line in codes_module.SSDAcceptanceMap.DESCRIPTION for _, line in colours.values())
+    expected = {  # with verify_rounds=2, a cell resampled in round 2 (final_round 3) was never checked again
+        (0, 0): "not decoded", (0, 1): "from the model", (0, 2): "draft kept", (0, 3): "fixed, then kept",
+        (1, 0): "resampled in the last round", (1, 1): "fixed, then kept", (1, 2): "fixed, then kept",
+        (1, 3): "fixed, then kept",
+    }  # fmt: skip
+    colours = {category.label: torch.tensor(category.colour) / 255.0 for category in CATEGORIES}
+    for last_round, changed in [(2, {}), (None, {(1, 0): "fixed, then kept"})]:
+        codes = codes_module.SSDCodes(torch.zeros_like(final_round), final_round, (4, 8), last_round)
+        (image,) = codes_module.SSDAcceptanceMap().draw(codes=codes)
+        assert image.shape == (1, 4, 8, 3) and image.dtype == torch.float32
+        for (row, col), label in (expected | changed).items():
+            block = image[0, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2]  # each cell is 2 x 2 pixels here
+            assert torch.equal(block, colours[label].expand(2, 2, 3)), (last_round, row, col)
+    assert all(line in codes_module.SSDAcceptanceMap.DESCRIPTION for line in legend_lines())
 
 
-def test_acceptance_map_of_a_generation_matches_its_rounds(nodes, pipeline, comfy_pack):
-    from importlib import import_module
+def test_acceptance_map_of_a_generation_matches_its_rounds(nodes, pipeline):
+    from ssd_pipelines.acceptance import cell_colours
 
-    colours = import_module(comfy_pack.__name__ + ".comfy_nodes.codes").ROUND_COLOURS
-    images, codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, rounds=0, batch_size=2))
+    images, codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, rounds=2, batch_size=2))
+    assert codes.last_round == 2
     (image,) = nodes["SSDAcceptanceMap"].draw(codes=codes)
     assert image.shape == images.shape
-    # With no verification a cell is either exact (the first of its block) or a kept draft.
-    assert codes.final_round.unique().tolist() == [0, 1]
-    assert (codes.final_round[:, 1:, 0] == 0).all()  # below the first row, each block starts a row
+    colours = torch.from_numpy(cell_colours(codes.final_round, 2)).float() / 255.0  # [2, 16, 16, 3]
     for b, r, c in np.ndindex(2, 16, 16):
         cell = image[b, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4]  # 64 / 16 = 4 pixels a cell
-        assert torch.equal(cell, torch.tensor(colours[int(codes.final_round[b, r, c])][0]).expand(4, 4, 3))
+        assert torch.equal(cell, colours[b, r, c].expand(4, 4, 3))
+    _, ar_codes, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, decoding="ar", rounds=2))
+    assert ar_codes.last_round is None  # rounds is ssd's
