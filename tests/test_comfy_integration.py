@@ -17,6 +17,7 @@ import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -126,8 +127,10 @@ def test_log_shows_the_pack_imported(server):
     version = re.search(r"ComfyUI version: (\S+)", log)
     print(f"\nComfyUI {version.group(1) if version else '(version not logged)'} from {COMFYUI_DIR}")
     assert re.search(r"^\s*[\d.]+ seconds: .*custom_nodes/ssd-pipelines$", log, re.MULTILINE), log[-4000:]
-    assert "IMPORT FAILED" not in log
     assert not [line for line in log.splitlines() if "Cannot import" in line and "ssd-pipelines" in line]
+    # CI's ComfyUI has no torchaudio (.ci/run): only ComfyUI's own audio nodes may fail to import.
+    failed = set(re.findall(r"^IMPORT FAILED: (\S+)$", log, re.MULTILINE))
+    assert failed <= {"nodes_audio.py", "nodes_audio_encoder.py"}, failed
 
 
 def _signature(info: dict) -> dict:
@@ -148,6 +151,16 @@ def test_object_info_matches_the_schemas_ci_checks_against(server, comfy_pack):
         assert _signature(info[name]) == _signature(recorded), (
             f"tests/comfy_stubs/builtin_nodes.json is stale for {name}"
         )
+
+
+def test_a_guidance_below_1_is_refused_when_queued(server):
+    workflow = _load("ssd_generate_api.json")
+    workflow["2"]["inputs"]["guidance"] = 0.5
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        server.post("/prompt", {"prompt": workflow})
+    assert refused.value.code == 400
+    (error,) = json.load(refused.value)["node_errors"]["2"]["errors"]
+    assert error["type"] == "custom_validation_failed" and "0.5 is no guidance scale" in error["details"]
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,12 @@
 #   comfy_nodes/tools/setup_comfyui.sh /path/to/ComfyUI
 #   COMFYUI_DIR=/path/to/ComfyUI python -m pytest -q -s tests/test_comfy_integration.py
 #
-# TORCH_PACKAGES picks the torch build (default: "torch torchvision torchaudio", whatever pip resolves), e.g.
+# TORCH_PACKAGES is the torch build, the only source of torch, torchvision and torchaudio: their lines in
+# ComfyUI's requirements are left out, so that a torchaudio pinned to another torch cannot replace it.
+# Default "torch torchvision torchaudio" (whatever pip resolves), e.g.
 #   TORCH_PACKAGES="torch torchvision torchaudio --index-url https://download.pytorch.org/whl/cpu"
+# ComfyUI starts and runs this pack without torchaudio (only its audio nodes fail to import), which is what CI
+# uses: TORCH_PACKAGES="torch==2.14.1 torchvision==0.29.1".
 # An existing .venv is reused. When ComfyUI's requirements do not install as a whole (offline, no wheel for
 # this Python), each line is tried alone and the ones that fail are listed at the end.
 set -euo pipefail
@@ -24,14 +28,18 @@ pip=("$comfyui/.venv/bin/python" -m pip)
 # shellcheck disable=SC2086  # TORCH_PACKAGES is a list of arguments
 "${pip[@]}" install ${TORCH_PACKAGES:-torch torchvision torchaudio}
 
+requirements=()
+while IFS= read -r line; do
+  requirement="${line%%#*}"
+  requirement="${requirement//[[:space:]]/}"
+  [[ -z "$requirement" || "$requirement" =~ ^(torch|torchvision|torchaudio)([^a-zA-Z0-9_.-]|$) ]] && continue
+  requirements+=("$requirement")
+done < "$comfyui/requirements.txt"
 skipped=()
-if ! "${pip[@]}" install -r "$comfyui/requirements.txt"; then
-  while IFS= read -r line; do
-    requirement="${line%%#*}"
-    requirement="${requirement//[[:space:]]/}"
-    [[ -z "$requirement" ]] && continue
+if ! "${pip[@]}" install "${requirements[@]}"; then
+  for requirement in "${requirements[@]}"; do
     "${pip[@]}" install "$requirement" || skipped+=("$requirement")
-  done < "$comfyui/requirements.txt"
+  done
 fi
 "${pip[@]}" install -e "$repo"
 
