@@ -10,7 +10,7 @@ times above it.
 import pytest
 import torch
 
-import ssd_pipelines.decoding.exact as exact_module
+import ssd_pipelines.decoding.frontier as frontier_module
 import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
@@ -106,21 +106,21 @@ def _skip_residual(tokens, q, p, generator=None):
 
 def test_a_wrong_frontier_rule_is_caught(monkeypatch):
     """Also committing the cell after the first change, whose p was computed from a stale left context."""
-    right = exact_module.committed_positions
+    right = frontier_module.committed_positions
     monkeypatch.setattr(
-        exact_module, "committed_positions", lambda changed: (right(changed) + 1).clamp_max(changed.shape[1] - 1)
+        frontier_module, "committed_positions", lambda changed: (right(changed) + 1).clamp_max(changed.shape[1] - 1)
     )
     g = g_of(lambda heads: ExactDecoding(heads, window=4), seed=41)
     assert g.statistic > 3 * g.bound, g
 
 
-@pytest.mark.parametrize("module", [exact_module, ssd_module], ids=["exact", "ssd-no-cap"])
+@pytest.mark.parametrize("module", [frontier_module, ssd_module], ids=["exact", "ssd-no-cap"])
 @pytest.mark.parametrize("wrong_round", [_keep_head_q, _skip_residual])
 def test_a_wrong_verifier_is_caught(monkeypatch, module, wrong_round):
     monkeypatch.setattr(module, "verify_round", wrong_round)
     build = (
         (lambda h: ExactDecoding(h, window=8))
-        if module is exact_module
+        if module is frontier_module
         else (lambda h: SSDDecoding(h, verify_rounds=None))
     )
     g = g_of(build, seed=51)

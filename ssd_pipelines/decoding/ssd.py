@@ -76,6 +76,10 @@ class SSDDecoding(DecodingStrategy):
         self.horizontal_cells = horizontal_cells  # k_h
         self.window = window
 
+    @property
+    def round_cap(self) -> int | None:
+        return self.verify_rounds
+
     def plan_blocks(self, grid) -> list[Block]:
         """First row in chunks of 1 + k_h cells, then k_v rows at a time."""
         step = 1 + self.horizontal_cells
