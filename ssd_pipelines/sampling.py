@@ -82,19 +82,36 @@ def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     logits: [B', ..., K] where B' = 2B with guidance (conditional rows first,
     then unconditional), else B. Returns float32 probabilities [B, ..., K].
     """
+    if config.greedy:
+        guided = _guided(logits, config)
+        return torch.zeros_like(guided).scatter_(-1, guided.argmax(-1, keepdim=True), 1.0)
+    return _processed(logits, config).softmax(-1)
+
+
+def target_log_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The log of `target_probs`, computed stably: what a loss on the verifier's own distribution needs.
+    Greedy has no log-density (one-hot): train with a temperature."""
+    if config.greedy:
+        raise ValueError("a greedy target has no log-probabilities: pass a temperature > 0.")
+    return _processed(logits, config).log_softmax(-1)
+
+
+def _guided(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if config.uses_guidance:
         cond, uncond = logits.chunk(2, dim=0)
         logits = uncond + config.guidance_scale * (cond - uncond)
-    if config.greedy:
-        one_hot = torch.zeros_like(logits)
-        return one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / config.temperature
+    return logits
+
+
+def _processed(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Guided, tempered and warped logits (top-k / top-p leave -inf), before the softmax."""
+    logits = _guided(logits, config) / config.temperature
     warpers = config.warpers()
     if warpers:
         flat = logits.reshape(-1, logits.shape[-1])  # [N, K]: the warpers work on 2-D scores
         logits = warpers(None, flat).reshape(logits.shape)
-    return logits.softmax(-1)
+    return logits
 
 
 def uniform(

@@ -15,7 +15,7 @@ from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_llama, tiny_tokenizer
 from ssd_pipelines.training.distill import main
 from ssd_pipelines.training.distill_data import DistillationData, collect, shard_folder
-from ssd_pipelines.training.head_loss import distill_loss, head_offsets
+from ssd_pipelines.training.head_loss import HeadLosses, distill_loss, head_offsets
 from ssd_pipelines.training.head_training import train_heads
 
 PROMPTS = ["a red circle", "blue square", "the green square left of a circle", "red"]
@@ -188,3 +188,52 @@ def test_a_data_dir_of_other_settings_is_refused(tmp_path):
     shard_folder(tmp_path, {"seed": 0}, 0)
     with pytest.raises(ValueError, match="holds generations made with other settings"):
         shard_folder(tmp_path, {"seed": 1}, 0)
+
+
+def _random_data(backbone, images=2, rows=3, cols=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(images, 2, rows, cols, 32, generator=gen)
+    return DistillationData(hidden, torch.randint(0, 8, (images, rows, cols), generator=gen))
+
+
+def test_kl_and_tv_losses_compare_the_verifiers_guided_distributions(backbone):
+    """p from the true state, q from the head's, both through the backbone's norm and head, guided as sampled."""
+    heads = tiny_heads(backbone, horizontal=(1,), vertical=(1,))
+    data = _random_data(backbone)
+    sampling = SamplingConfig(guidance_scale=3.0)
+    _, kl = distill_loss(heads, backbone, data, loss="kl", sampling=sampling)
+    _, tv = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
+    _, both = distill_loss(heads, backbone, data, loss="kl+smooth_l1", sampling=sampling)
+    _, l1 = distill_loss(heads, backbone, data)
+
+    hidden, embeds = data.hidden, backbone.embed_codes(data.codes.long()).detach()
+    predicted = heads.vertical[0](hidden[:, :, :-1], embeds[:, None, :-1].expand(-1, 2, -1, -1, -1))
+
+    def guided(h):  # [b, 2, ..., d] -> [b, ..., K], written out: uncond + s (cond - uncond)
+        logits = backbone.code_logits(h)
+        return (logits[:, 1] + 3.0 * (logits[:, 0] - logits[:, 1])).softmax(-1)
+
+    p, q = guided(hidden[:, :, 1:]), guided(predicted)
+    torch.testing.assert_close(kl[1], (p * (p.log() - q.log())).sum(-1).mean(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(tv[1], 0.5 * (p - q).abs().sum(-1).mean(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(both, kl + l1, rtol=1e-4, atol=1e-6)
+    assert bool((tv > 0).all() and (tv < 1).all())
+
+
+def test_a_distribution_loss_needs_the_backbone_and_a_sampling_config(backbone):
+    heads = tiny_heads(backbone, horizontal=(1,), vertical=(1,))
+    with pytest.raises(ValueError, match="loss 'kl' compares distributions: pass the backbone and the sampling"):
+        HeadLosses(heads, "kl")
+    with pytest.raises(ValueError, match="unknown loss 'mse': choose one of smooth_l1, kl, kl\\+smooth_l1, tv"):
+        distill_loss(heads, backbone, _random_data(backbone), loss="mse")
+
+
+def test_training_on_kl_raises_the_acceptance_it_measures(backbone):
+    """What the loss is for: acceptance sum_k min(p, q) of the vertical head's drafts rises on the data trained on."""
+    heads = tiny_heads(backbone, horizontal=(1,), vertical=(1,))
+    sampling = SamplingConfig(guidance_scale=2.0)
+    data = collect(backbone, PROMPTS, sampling, images_per_prompt=4, batch_size=16, seed=1)
+    _, before = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
+    train_heads(heads, backbone, data, steps=60, lr=3e-3, batch_size=8, log_every=20, loss="kl", sampling=sampling)
+    _, after = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
+    assert float(after[1]) < float(before[1]) - 0.02, (before, after)

@@ -1,4 +1,12 @@
-"""The self-distillation objective: each head's Smooth L1 from [h; e] at a cell to h at its offset."""
+"""The self-distillation objective: each head, from [h; e] at a cell, predicts h at its offset.
+
+The paper's loss is a Smooth L1 between the predicted and the true hidden state.
+What the verifier sees, though, is the distribution those states make through
+the backbone's own final norm and output head, guided as at inference: q from
+the prediction, p from the truth. Acceptance of a draft is 1 - TV(p, q), so the
+losses here also compare the two distributions (docs/decoding.md, "Training
+the heads"): KL(p || q), alone or beside the Smooth L1, or TV(p, q) itself.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,10 @@ from torch import nn
 
 from ..backbones.base import ImageBackbone
 from ..heads import DraftHeads
+from ..sampling import SamplingConfig, target_log_probs
 from .distill_data import DistillationData
+
+LOSSES = ("smooth_l1", "kl", "kl+smooth_l1", "tv")
 
 
 def head_offsets(heads: DraftHeads) -> list[tuple[str, tuple[int, int], nn.Module]]:
@@ -26,11 +37,26 @@ def check_offsets(heads: DraftHeads, rows: int, cols: int) -> None:
 
 
 class HeadLosses(nn.Module):
-    """Smooth L1 of every head on a batch, as one module so DDP can wrap it (DraftHeads has no forward)."""
+    """Every head's loss on a batch, as one module so DDP can wrap it (DraftHeads has no forward).
 
-    def __init__(self, heads: DraftHeads):
+    loss: one of LOSSES. The distribution losses read the backbone's final norm and output head (frozen, not a
+    submodule: DDP must not see them) and compare the distributions under `sampling`'s guidance and temperature.
+    """
+
+    def __init__(
+        self,
+        heads: DraftHeads,
+        loss: str = "smooth_l1",
+        backbone: ImageBackbone | None = None,
+        sampling: SamplingConfig | None = None,
+    ):
         super().__init__()
-        self.heads = heads
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)}.")
+        if loss != "smooth_l1" and (backbone is None or sampling is None):
+            raise ValueError(f"loss {loss!r} compares distributions: pass the backbone and the sampling config.")
+        self.heads, self.loss, self.backbone, self.sampling = heads, loss, backbone, sampling
+        self.backbone_dtype = None if backbone is None else backbone.embed_token(0).dtype  # its weights' dtype
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """hidden [b, S, R, C, d], embeds [b, R, C, d_e] -> loss of each head [n_heads], over every cell with a target."""
@@ -38,21 +64,48 @@ class HeadLosses(nn.Module):
         check_offsets(self.heads, rows, cols)
         embeds = embeds.unsqueeze(1).expand(-1, hidden.shape[1], -1, -1, -1)
         losses = []
-        for _, (dy, dx), head in head_offsets(self.heads):
+        for name, (dy, dx), head in head_offsets(self.heads):
             source = (slice(None), slice(None), slice(0, rows - dy), slice(0, cols - dx))
             target = (slice(None), slice(None), slice(dy, None), slice(dx, None))
-            losses.append(F.smooth_l1_loss(head(hidden[source], embeds[source]), hidden[target]))
+            if name.startswith("vertical") and self.heads.config.get("vertical_drafter", "cell") != "cell":
+                # a row drafter reads the whole row above, and (in-row) the true codes left of each cell
+                predicted = self.heads.draft_below_teacher_forced(hidden[source], embeds[source], embeds[target])
+            else:
+                predicted = head(hidden[source], embeds[source])
+            losses.append(self._compare(predicted, hidden[target]))
         return torch.stack(losses)
+
+    def _compare(self, predicted: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+        """Mean over cells of the chosen loss between predicted and true states [b, S, ..., d]."""
+        if self.loss == "smooth_l1":
+            return F.smooth_l1_loss(predicted, true)
+        with torch.no_grad():
+            log_p = self._log_probs(true)
+        log_q = self._log_probs(predicted)
+        if self.loss == "tv":
+            return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1).mean()
+        p = log_p.exp()
+        kl = torch.where(p > 0, p * (log_p - log_q), 0.0).sum(-1).mean()  # codes top-k cut from p add nothing
+        return kl + F.smooth_l1_loss(predicted, true) if self.loss == "kl+smooth_l1" else kl
+
+    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[b, S, ..., d] -> the guided log-distribution [b, ..., K] (branches stacked as the sampler takes them)."""
+        logits = self.backbone.code_logits(hidden.transpose(0, 1).flatten(0, 1).to(self.backbone_dtype))
+        return target_log_probs(logits, self.sampling)
 
 
 def distill_loss(
-    heads: DraftHeads, backbone: ImageBackbone, batch: DistillationData
+    heads: DraftHeads,
+    backbone: ImageBackbone,
+    batch: DistillationData,
+    loss: str = "smooth_l1",
+    sampling: SamplingConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the heads' losses, each head's loss [n_heads] detached); order as in `head_offsets`.
 
     Summed, not averaged: every head then gets exactly the gradient of its own loss.
     """
-    return batch_loss(HeadLosses(heads), backbone, batch)
+    return batch_loss(HeadLosses(heads, loss, backbone, sampling), backbone, batch)
 
 
 def batch_loss(

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..backbones.base import ImageBackbone
 from ..heads import DraftHeads
+from ..sampling import SamplingConfig
 from .distill_data import DistillationData
 from .head_loss import HeadLosses, batch_loss, head_offsets
 
@@ -47,6 +48,8 @@ def train_heads(
     log_every: int = 10,
     schedule: str = "cosine",
     seed: int = 0,
+    loss: str = "smooth_l1",
+    sampling: SamplingConfig | None = None,
 ) -> dict:
     """Train `heads` in place with AdamW on this process's `data`; returns a JSON-ready log.
 
@@ -55,6 +58,7 @@ def train_heads(
     and never reaches the optimizer. The loss curve holds [step, loss] averaged
     over the steps since the previous entry and over processes; the first entry
     is step 0 alone, the untrained loss. `final_per_head` splits the last entry by head.
+    loss, sampling: see `HeadLosses` (the distribution losses compare p and q under `sampling`).
     """
     if steps < 1 or len(data) == 0:
         raise ValueError(f"training needs steps >= 1 and some data, got steps={steps} and {len(data)} images.")
@@ -63,15 +67,15 @@ def train_heads(
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr)
     # Not prepared: accelerate would step a prepared scheduler once per process, and every process runs all steps.
     scheduler = _schedule(optimizer, schedule, steps)
-    objective, optimizer = accelerator.prepare(HeadLosses(heads), optimizer)
+    objective, optimizer = accelerator.prepare(HeadLosses(heads, loss, backbone, sampling), optimizer)
     batches = _batches(len(data), batch_size, torch.Generator().manual_seed(seed + accelerator.process_index))
     names = [name for name, _, _ in head_offsets(heads)]
     log: dict = {"loss": [], "final_per_head": {}, "steps": 0}
     window: list[torch.Tensor] = []
     bar = tqdm(range(steps), desc="training heads", unit="step", disable=not accelerator.is_main_process)
     for step in bar:
-        loss, per_head = batch_loss(objective, backbone, data[next(batches)])
-        accelerator.backward(loss)
+        total, per_head = batch_loss(objective, backbone, data[next(batches)])
+        accelerator.backward(total)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
