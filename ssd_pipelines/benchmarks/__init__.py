@@ -6,6 +6,7 @@ ssd-bench sweep        # AR adherence under guidance, temperature, top-k setting
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
 ssd-bench pipelined    # ssd in row blocks against ssd pipelined on the window: passes, quality -> docs/ssd_pipelined.md
+ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost -> docs/drafters.md
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ BENCHMARKS = {
     "peers": "SSD against AR and the published peers: speed, quality, scaling",
     "window": "Reference model: exact's speed against its window size",
     "pipelined": "Reference model: ssd in row blocks against ssd pipelined, passes and quality",
+    "drafters": "Reference model: drafting heads against each other, acceptance, passes and quality",
 }
 
 
