@@ -73,7 +73,7 @@ class SSDGenerate:
     OUTPUT_TOOLTIPS = (
         "The images [B, H, W, 3], values in 0..1.",
         "The code grid and the round each cell became final in, for SSD Decode Codes and SSD Acceptance Map.",
-        "Forward passes, seconds and acceptance per verification round.",
+        "Forward passes, seconds, acceptance per verification round, the guidance used, and warnings about the prompt.",
     )
 
     @classmethod

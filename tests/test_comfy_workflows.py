@@ -4,6 +4,7 @@ Each UI workflow must queue exactly its API twin, and the API workflows run on t
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -98,6 +99,9 @@ def test_api_workflows_run_on_the_reference_model(comfy_pack, api_name):
         inputs = node["inputs"] | {name: results[source][slot] for name, (source, slot) in links.items()}
         cls = comfy_pack.NODE_CLASS_MAPPINGS.get(node["class_type"])
         if cls is not None:
+            if hasattr(cls, "VALIDATE_INPUTS"):  # ComfyUI calls it, with the inputs it names, when a prompt is queued
+                names = inspect.signature(cls.VALIDATE_INPUTS).parameters
+                assert cls.VALIDATE_INPUTS(**{name: inputs[name] for name in names}) is True, node_id
             results[node_id] = getattr(cls(), cls.FUNCTION)(**inputs)
             continue
         results[node_id] = None

@@ -69,11 +69,12 @@ def render(url: str, chromium: str, run: bool, screenshots: Path | None) -> None
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=HEADLESS_ARGS)
         page = browser.new_page(viewport={"width": 1700, "height": 1400})
+        # A new ComfyUI user gets the templates dialog on the first visit: have that visit here, not under a
+        # screenshot. The frontend marks the tutorial done (on the server) before it opens the dialog.
+        _open(page, url)
+        page.wait_for_function("app.extensionManager.setting.get('Comfy.TutorialCompleted') === true")
         for api_file in sorted(WORKFLOWS.glob("*_api.json")):
-            page.goto(url)
-            page.wait_for_function(
-                "window.app && window.app.graph && Object.keys(LiteGraph.registered_node_types).length > 100"
-            )
+            _open(page, url)
             api = json.loads(api_file.read_text())
             ui_file = api_file.with_name(api_file.name.removesuffix("_api.json") + ".json")
             args = [api, ui_file.name, SIZES, COLUMN_WIDTH, ROW_GAP, LEFT, TOP]
@@ -92,6 +93,13 @@ def render(url: str, chromium: str, run: bool, screenshots: Path | None) -> None
                 page.screenshot(path=str(shot))
                 print(f"wrote {shot}")
         browser.close()
+
+
+def _open(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_function(
+        "window.app && window.app.graph && Object.keys(LiteGraph.registered_node_types).length > 100"
+    )
 
 
 def _wait_for_empty_queue(url: str, timeout: float = 600.0) -> None:
