@@ -2,62 +2,28 @@
 
 Pure functions of the pipeline's outputs, so they are tested without a server.
 Images of the reference model are 64 px; they are enlarged with nearest-neighbour
-sampling so that each code cell stays a sharp square.
+sampling so that each code cell stays a sharp square. The acceptance map, its
+categories and colours are the library's (`ssd_pipelines.acceptance`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import PIL.Image
-import torch
 
-
-@dataclass(frozen=True)
-class Category:
-    label: str
-    colour: tuple[int, int, int]
-    meaning: str
-
-
-NOT_DECODED = Category("not decoded", (30, 30, 30), "the run stopped before this cell")
-EXACT = Category("exact", (148, 163, 184), "sampled from the model's own distribution, as AR does")
-FIRST_ROUND = Category("draft kept", (22, 163, 74), "the drafting head's guess, accepted in every round")
-LATER_ROUND = Category("fixed in a round, then kept", (245, 158, 11), "rejected, resampled, and the resample accepted")
-LAST_ROUND = Category("resampled in the last round", (220, 38, 38), "rejected in the last round and resampled")
-CATEGORIES = (EXACT, FIRST_ROUND, LATER_ROUND, LAST_ROUND, NOT_DECODED)
-
-TINT = 0.5  # weight of the category colour over the image in an acceptance map
-
-
-def category_index(final_round: torch.Tensor | np.ndarray, last_round: int | None) -> np.ndarray:
-    """Per-cell index into CATEGORIES from the pipeline's `final_round` (-1, 0, 1, or k >= 2: resampled in round
-    k - 1). `last_round` is the cap on rounds (`ssd`'s verify_rounds): a cell resampled in it was never checked
-    again. None without a cap (`exact`): rounds go on until one rejects nothing, so every resample was checked."""
-    rounds = np.asarray(final_round)
-    index = np.full(rounds.shape, CATEGORIES.index(LATER_ROUND), dtype=np.int64)
-    index[rounds == -1] = CATEGORIES.index(NOT_DECODED)
-    index[rounds == 0] = CATEGORIES.index(EXACT)
-    index[rounds == 1] = CATEGORIES.index(FIRST_ROUND)
-    if last_round is not None and last_round >= 1:
-        index[rounds == last_round + 1] = CATEGORIES.index(LAST_ROUND)
-    return index
-
-
-def acceptance_map(image: PIL.Image.Image, final_round: torch.Tensor, last_round: int | None) -> PIL.Image.Image:
-    """The image with each code cell tinted by the round in which it became final. final_round: [R, C]."""
-    palette = np.array([c.colour for c in CATEGORIES], dtype=np.float32)
-    colours = palette[category_index(final_round, last_round)]  # [R, C, 3]
-    rows, cols = colours.shape[:2]
-    cells = np.repeat(np.repeat(colours, image.height // rows, axis=0), image.width // cols, axis=1)  # [H, W, 3]
-    pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
-    return PIL.Image.fromarray(((1 - TINT) * pixels + TINT * cells).round().astype(np.uint8))
+from ssd_pipelines.acceptance import CATEGORIES, format_rates
+from ssd_pipelines.decoding import strategy_class
 
 
 def legend_html() -> str:
-    """A swatch and a sentence per category of the acceptance map."""
+    """A swatch and a sentence per category of the library's acceptance map."""
     items = "".join(
         f'<li><span class="swatch" style="background: rgb{c.colour}"></span><b>{c.label}</b>: {c.meaning}</li>'
         for c in CATEGORIES
@@ -70,27 +36,46 @@ def enlarge(image: PIL.Image.Image, scale: int) -> PIL.Image.Image:
 
 
 def tile(images: list[PIL.Image.Image], scale: int = 4, gap: int = 8) -> PIL.Image.Image:
-    """Images side by side, enlarged, on white: one picture for the live preview of a batch."""
+    """Images enlarged, on white, in a near-square grid (ceil(sqrt(n)) columns): one picture for the live
+    preview of a batch that stays legible in a square box (8 images in a row were 40 px each)."""
     tiles = [enlarge(image.convert("RGB"), scale) for image in images]
-    width = sum(t.width for t in tiles) + gap * (len(tiles) - 1)
-    canvas = PIL.Image.new("RGB", (width, max(t.height for t in tiles)), "white")
-    x = 0
-    for t in tiles:
-        canvas.paste(t, (x, 0))
-        x += t.width + gap
+    columns = math.ceil(math.sqrt(len(tiles)))
+    rows = math.ceil(len(tiles) / columns)
+    width, height = tiles[0].size
+    canvas = PIL.Image.new("RGB", (columns * width + gap * (columns - 1), rows * height + gap * (rows - 1)), "white")
+    for i, t in enumerate(tiles):
+        canvas.paste(t, ((i % columns) * (width + gap), (i // columns) * (height + gap)))
     return canvas
 
 
+def png_file(image: PIL.Image.Image, folder: Path) -> str:
+    """The image as a PNG named by its content, written under a temporary name and renamed into place.
+
+    Why: Gradio rewrites a PIL image's cache file in place each time the same picture is sent again (the final
+    preview equals the last streamed one). A browser fetching it meanwhile got a short file ("Too much data for
+    declared Content-Length") and the preview collapsed to a 20 px strip. A path is copied into the cache once."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="png")
+    data = buffer.getvalue()
+    path = folder / f"{hashlib.sha256(data).hexdigest()}.png"
+    if not path.exists():
+        fd, staging = tempfile.mkstemp(dir=folder, prefix=".", suffix=".png")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(staging, path)
+    return str(path)
+
+
 def acceptance_table(stats: dict) -> pd.DataFrame:
-    """Share of drafted cells accepted in each verification round, for the bar plot."""
+    """Share of drafted cells accepted in each verification round, for the bar plot. Rounds are short labels
+    ("1", "2", ... "12": `exact` may take a dozen) that the plot orders by `round_order`, not as text."""
     rates = stats["acceptance_per_round"]
-    return pd.DataFrame(
-        {
-            "round": [f"round {k}" for k in range(1, len(rates) + 1)],
-            "accepted": rates,
-            "drafted cells": stats["drafted_per_round"],
-        }
-    )
+    return pd.DataFrame({"round": round_order(stats), "accepted": rates, "drafted cells": stats["drafted_per_round"]})
+
+
+def round_order(stats: dict) -> list[str]:
+    """The rounds' labels in the order they ran."""
+    return [str(k) for k in range(1, len(stats["acceptance_per_round"]) + 1)]
 
 
 def stats_markdown(runs: dict[str, dict]) -> str:
@@ -104,14 +89,22 @@ def stats_markdown(runs: dict[str, dict]) -> str:
     row("forward passes", lambda s: str(s["forward_passes"]))
     row("seconds", lambda s: f"{s['seconds']:.2f}")
     row("rows decoded", lambda s: f"{s['rows_completed']}")
-    row("acceptance per round", lambda s: ", ".join(f"{a:.2f}" for a in s["acceptance_per_round"]) or "-")
+    row("acceptance per round", lambda s: format_rates(s["acceptance_per_round"]))
     return "\n".join(lines)
 
 
 def speedup_markdown(fast: dict, baseline: dict) -> str:
+    """The speedup, and why the two pictures differ although prompt and seed are the same."""
     passes = baseline["forward_passes"] / fast["forward_passes"]
     seconds = baseline["seconds"] / fast["seconds"]
+    name = fast["strategy"]
+    why = (
+        f"{name} is lossless: the same distribution as ar, a different sample of it, so the pictures differ as two "
+        "seeds of ar would."
+        if strategy_class(name).lossless
+        else f"{name} is lossy: its distribution is close to ar's, not equal to it, and the pictures differ."
+    )
     return (
-        f"**Speedup of {fast['strategy']} over ar in this run: {passes:.1f}x fewer forward passes, "
-        f"{seconds:.1f}x less time** (same prompt and seed)."
+        f"**Speedup of {name} over ar in this run: {passes:.1f}x fewer forward passes, "
+        f"{seconds:.1f}x less time** (same prompt and seed). {why}"
     )

@@ -18,41 +18,41 @@ from dataclasses import dataclass
 import torch
 
 from ssd_pipelines import SSDPipelineOutput
+from ssd_pipelines.decoding import DEFAULT_DECODING, option_default, options_for
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The controls of one generation, as the pipeline takes them."""
+    """The controls of one generation, as the pipeline takes them; values are passed on unconverted, so that the
+    pipeline's own checks refuse a bad one (a 2.7 is not a 2)."""
 
     prompt: str
     negative_prompt: str = ""
     seed: int = 0
     num_images: int = 1
-    guidance_scale: float = 3.0
+    guidance_scale: float | None = None  # None: the model's own default
     temperature: float = 1.0
-    top_k: int = 0  # 0: no top-k filter
-    decoding: str = "ssd"
-    verify_rounds: int = 2
-    vertical_rows: int = 1
+    top_k: int | None = None  # None or 0: no top-k filter
+    decoding: str = DEFAULT_DECODING
+    verify_rounds: int = option_default("ssd", "verify_rounds")
+    vertical_rows: int = option_default("ssd", "vertical_rows")
 
     def pipeline_kwargs(self, decoding: str | None = None) -> dict:
         """Arguments of `pipe(...)` for `decoding` (default: ours): options a decoding does not take are left out,
         since the pipeline rejects them."""
         decoding = decoding or self.decoding
-        kwargs = {
+        return {
             "prompt": self.prompt,
             "negative_prompt": self.negative_prompt or None,
             "num_images_per_prompt": self.num_images,
             "guidance_scale": self.guidance_scale,
             "temperature": self.temperature,
-            "top_k": self.top_k or None,
+            "top_k": None if self.top_k == 0 else self.top_k,
             "generator": torch.Generator().manual_seed(self.seed),
             "decoding": decoding,
             "output_type": "pil",
+            **options_for(decoding, verify_rounds=self.verify_rounds, vertical_rows=self.vertical_rows),
         }
-        if decoding == "ssd":
-            kwargs.update(verify_rounds=self.verify_rounds, vertical_rows=self.vertical_rows)
-        return kwargs
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import gradio as gr
+import PIL.Image
 
+from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, strategy_class
 from ssd_pipelines.reference.captions import captions
 from ssd_pipelines.reference.scenes import HELDOUT_SEED_START
 
@@ -17,6 +20,14 @@ from .events import MAX_SEED, DemoEvents
 
 CSS = """
 #preview img, #images img, #ar-images img, #maps img { image-rendering: pixelated; }
+/* Gradio's image frame is as wide as its picture, and the picture 100% of the frame: when the frame is laid out
+   before a new picture is decoded, that circle resolves to 0 px and the preview stays an empty strip (about 1 run
+   in 3). A frame as wide as its box breaks the circle; the picture is scaled to fit, cells kept square. */
+#preview .image-frame, #maps .image-frame { width: 100%; }
+#preview .image-frame img, #maps .image-frame img { object-fit: contain; }
+/* Generate runs with show_progress="hidden": the status line says how it went, and a failed run shows its toast
+   once, without Gradio's "Error" badge over each output. */
+[data-testid="status-tracker"].hidden { display: none !important; }
 .legend { list-style: none; padding: 0; margin: 0; }
 .legend li { margin: 0.2em 0; }
 .legend .swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 2px; margin-right: 0.4em;
@@ -37,8 +48,18 @@ JS = f"""() => {{
 
 
 def example_prompts(count: int = 8) -> list[str]:
-    """Captions of held-out scenes of the reference model: prompts it can draw but never trained on."""
-    return sorted(set(captions(count * 2, HELDOUT_SEED_START)), key=len)[:count]
+    """Captions of held-out scenes of the reference model: prompts it can draw but never trained on. Shortest
+    first, then alphabetical: the same list, and the same first prompt in the box, in every process."""
+    return sorted(set(captions(count * 2, HELDOUT_SEED_START)), key=lambda text: (len(text), text))[:count]
+
+
+def _as_files(value, folder: Path):
+    """PIL images in an update (an image, a gallery's (image, caption) pairs) as PNG files (see `render.png_file`)."""
+    if isinstance(value, PIL.Image.Image):
+        return render.png_file(value, folder)
+    if isinstance(value, list):
+        return [(render.png_file(image, folder), caption) for image, caption in value]
+    return value
 
 
 def _bind(handler: Callable[..., Iterator[dict]], components: dict[str, gr.components.Component]):
@@ -46,28 +67,48 @@ def _bind(handler: Callable[..., Iterator[dict]], components: dict[str, gr.compo
 
     @functools.wraps(handler)
     def run(*args, **kwargs):
+        folder = Path(gr.utils.get_upload_folder()) / "ssd-demo"
+        folder.mkdir(parents=True, exist_ok=True)
         for update in handler(*args, **kwargs):
-            yield {components[name]: value for name, value in update.items()}
+            yield {components[name]: _as_files(value, folder) for name, value in update.items()}
 
     return run
 
 
 def _decoding_changed(decoding: str):
-    """Grey out the options a decoding does not take (the pipeline rejects them)."""
+    """Grey out the options a decoding does not take (the pipeline rejects them), as the decoding declares them."""
+    takes = strategy_class(decoding).option_names()
     return (
-        gr.update(interactive=decoding == "ssd"),
-        gr.update(interactive=decoding == "ssd"),
+        gr.update(interactive="verify_rounds" in takes),
+        gr.update(interactive="vertical_rows" in takes),
         gr.update(interactive=True) if decoding != "ar" else gr.update(interactive=False, value=False),
     )
 
 
-def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
+def decoding_info() -> str:
+    """What each decoding does, lossy or lossless, from the strategies' own summaries, and which to pick."""
+    summaries = "; ".join(f"{d}: {strategy_class(d).summary}" for d in USER_DECODINGS)
+    lossless = " and ".join(d for d in USER_DECODINGS if strategy_class(d).lossless)
+    return (
+        f"{summaries}. Pick ssd for the fewest passes when images near ar's are enough, exact for ar's own "
+        f"distribution in fewer passes ({lossless} are lossless)."
+    )
+
+
+def _range_info(about: str, low, high) -> str:
+    """An info text that gives the range: the page sets a typed value beyond it to the nearest end."""
+    return f"{about} Range {low} to {high}; a typed value beyond it is set to the nearest end."
+
+
+def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.components.Component]:
     """The inputs of Generate, keyed by `DemoEvents.generate`'s parameter names, and the two buttons."""
     c = {}
+    examples = example_prompts()
     c["prompt"] = gr.Textbox(
         label="Prompt",
         lines=2,
-        placeholder="a red circle left of a blue square",
+        value=examples[0],  # the first click draws something
+        placeholder="Describe the image (see the examples below)",
         info="What to draw: shapes, colours, counts, positions. Enter or Generate starts.",
         elem_id="prompt",
     )
@@ -77,7 +118,7 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
         info="Guidance steers away from this (empty: the unconditional prompt).",
         elem_id="negative-prompt",
     )
-    gr.Examples([[p] for p in example_prompts()], inputs=[c["prompt"]], label="Held-out captions (never trained on)")
+    gr.Examples([[p] for p in examples], inputs=[c["prompt"]], label="Held-out captions (never trained on)")
     with gr.Row():
         c["seed"] = gr.Number(
             label="Seed",
@@ -93,31 +134,28 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
         c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
         c["stop"] = gr.Button("Stop", variant="stop", elem_id="stop")
     c["decoding"] = gr.Radio(
-        ["ssd", "exact", "ar"],
-        value="ssd",
-        label="Decoding",
-        info="ssd: drafts verified a fixed number of rounds; exact: lossless, each pass verifies a row past the "
-        "cells already final; "
-        "ar: one forward pass per code, the baseline.",
-        elem_id="decoding",
+        list(USER_DECODINGS), value=DEFAULT_DECODING, label="Decoding", info=decoding_info(), elem_id="decoding"
     )
+    rounds, rows = (strategy_class("ssd").option(name) for name in ("verify_rounds", "vertical_rows"))
     with gr.Row():
         c["verify_rounds"] = gr.Slider(
-            0,
+            rounds.minimum,
             6,
-            value=2,
+            value=rounds.default,
             step=1,
             label="Rounds (ssd)",
-            info="At most this many verification rounds per row; 0 keeps drafts unchecked.",
+            info=_range_info(
+                "At most this many verification rounds per row; 0 keeps drafts unchecked.", rounds.minimum, 6
+            ),
             elem_id="rounds",
         )
         c["vertical_rows"] = gr.Slider(
-            1,
+            rows.minimum,
             max_vertical,
-            value=1,
+            value=rows.default,
             step=1,
-            label="Rows per draft, k_v",
-            info="ssd: more rows, fewer passes, fewer drafts kept.",
+            label="Rows drafted at once (ssd)",
+            info=_range_info("More rows: fewer passes, fewer drafts kept.", rows.minimum, max_vertical),
             elem_id="vertical-rows",
         )
     c["compare"] = gr.Checkbox(
@@ -130,7 +168,7 @@ def _controls(grid, max_vertical: int) -> dict[str, gr.components.Component]:
         c["guidance_scale"] = gr.Slider(
             1,
             10,
-            value=3,
+            value=guidance,
             step=0.5,
             label="Guidance scale",
             info="Classifier-free guidance: higher follows the prompt more closely; 1 turns it off.",
@@ -182,8 +220,8 @@ def _results() -> dict[str, gr.components.Component]:
         r["images"] = gr.Gallery(
             label="Images",
             format="png",
-            columns=3,
-            height=150,
+            columns=4,
+            height=200,
             object_fit="contain",
             fit_columns=False,
             elem_id="images",
@@ -191,8 +229,8 @@ def _results() -> dict[str, gr.components.Component]:
         r["ar_images"] = gr.Gallery(
             label="AR images (same prompt and seed)",
             format="png",
-            columns=3,
-            height=150,
+            columns=4,
+            height=200,
             object_fit="contain",
             fit_columns=False,
             visible=False,
@@ -229,7 +267,7 @@ def build_demo(pipe, model_name: str) -> gr.Blocks:
         )
         with gr.Row():
             with gr.Column(scale=2, min_width=340):
-                controls = _controls(grid, max_vertical)
+                controls = _controls(grid, max_vertical, pipe.image_backbone.default_guidance_scale)
             with gr.Column(scale=3):
                 results = _results()
         generate, stop = controls.pop("generate"), controls.pop("stop")
@@ -239,7 +277,7 @@ def build_demo(pipe, model_name: str) -> gr.Blocks:
             [controls[name] for name in inspect.signature(events.generate).parameters if name != "request"],
             [*results.values(), controls["seed"]],
             api_name="generate",
-            show_progress="minimal",
+            show_progress="hidden",  # the status line shows the progress, and an error once (no badge on each output)
         )
         stop.click(events.stop, None, None, queue=False, api_visibility="private")
         controls["decoding"].change(

@@ -60,3 +60,28 @@ def test_two_concurrent_generations_equal_the_same_runs_one_after_the_other(clie
     assert overlapped
     for one, other in zip(alone, together, strict=True):
         assert len(one) == len(other) and all(np.array_equal(a, b) for a, b in zip(one, other))
+
+
+@pytest.mark.parametrize(
+    ("values", "argument"),
+    [
+        ({"num_images": 2.5}, {"num_images_per_prompt": 2.5}),
+        ({"verify_rounds": 2.7}, {"verify_rounds": 2.7}),
+        ({"top_k": 0.5}, {"top_k": 0.5}),
+    ],
+)
+def test_fractional_integers_are_refused_with_the_pipelines_message(client, values, argument):
+    """Not truncated by int(): a 2.7 is a caller's mistake, not a 2."""
+    pipe = SSDAutoregressivePipeline.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
+    with pytest.raises(ValueError) as expected:
+        pipe(PROMPT, **argument)
+    with pytest.raises(AppError) as returned:
+        client.predict(prompt=PROMPT, **values, api_name="/generate")
+    assert str(returned.value) == str(expected.value)
+
+
+def test_what_the_tokenizer_cut_from_the_prompt_comes_back_in_the_status(client):
+    outputs = named(client, client.predict(prompt="four blue squares " * 300, api_name="/generate"))
+    assert outputs["Status"].startswith("ssd: done")
+    assert "**Prompt changed:** the prompt 'four blue squares" in outputs["Status"]
+    assert "has 900 tokens and this model reads at most 14: only the first 14 were used." in outputs["Status"]

@@ -3,6 +3,7 @@
 Set SSD_DEMO_SCREENSHOT=docs/demo.png to write the README's screenshot from the comparison test.
 """
 
+import itertools
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ import torch
 from playwright.sync_api import expect, sync_playwright
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.cli import BUNDLED_MODEL
+from ssd_pipelines.hub import BUNDLED_MODEL
 
 CHROMIUM = "/usr/bin/chromium"
 # Headless as root, and quiet: nothing but the page may go on the (closed) network.
@@ -123,6 +124,7 @@ def test_compare_shows_both_images_and_the_speedup(page, tmp_path):
         expect(page.locator(f"{gallery} img")).to_have_count(1)
         assert page.locator(f"{gallery} img").evaluate("img => img.complete && img.naturalWidth == 64")
     expect(page.locator("#stats th")).to_have_text(["", "ssd", "ar"])
+    expect(page.locator("#comparison")).to_contain_text("ssd is lossy: its distribution is close to ar's")
     shot = Path(os.environ.get("SSD_DEMO_SCREENSHOT") or tmp_path / "demo.png")
     page.screenshot(path=shot, full_page=True)
     PIL.Image.open(shot).convert("RGB").quantize(colors=128).save(shot, optimize=True)  # small, for the repo
@@ -144,12 +146,58 @@ def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
     expect(page.locator("#images img")).to_have_count(1)
 
 
-def test_an_empty_prompt_shows_the_pipelines_message(page):
-    message = pipeline_message(prompt="")
+def test_the_first_click_draws_and_a_failed_run_says_why_once_and_clears_the_last_results(page):
+    expect(page.locator("#prompt textarea")).to_have_value("a black square")  # the first example, not a placeholder
     page.locator("#generate").click()
-    expect(page.get_by_test_id("toast-text")).to_have_text(message, timeout=WAIT_MS)
-    expect(page.locator("#status")).to_contain_text(f"Not generated: {message}".replace("`", ""))
+    expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
+    expect(page.locator("#images img")).to_have_count(1)
+
+    message = pipeline_message(prompt="")
+    page.locator("#prompt textarea").fill("")
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text(f"Not generated: {message}".replace("`", ""), timeout=WAIT_MS)
+    expect(page.get_by_test_id("toast-body")).to_have_count(1)
+    expect(page.get_by_test_id("toast-text")).to_have_text(message)
+    expect(page.locator("#images img")).to_have_count(0)  # the last run's results are gone
+    expect(page.locator("#preview img")).to_have_count(0)
+    expect(page.locator("#seed input")).to_have_value("0")
+    badges = page.locator('[data-testid="status-tracker"] .error')  # Gradio's "Error" over each output
+    assert badges.evaluate_all("els => els.filter(e => e.checkVisibility()).length") == 0
     assert "Traceback" not in page.content()
+
+
+def test_the_preview_keeps_its_size_run_after_run(page):
+    """Gradio rewrote a repeated picture's file in place, and a preview fetched meanwhile collapsed to 20 px."""
+    for seed in range(4):
+        page.locator("#seed input").fill(str(seed))
+        page.locator("#generate").click()
+        expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
+        page.wait_for_load_state("networkidle")
+        # a picture being swapped is 0 px for a frame; a collapsed one stayed so (the 1.5 s here is generous)
+        page.wait_for_timeout(1500)
+        size = page.locator("#preview img").evaluate(
+            "img => [img.complete, img.naturalWidth, img.naturalHeight, img.getBoundingClientRect().width]"
+        )
+        assert size[:3] == [True, 256, 256] and size[3] > 250, (seed, size)
+
+
+def test_the_exact_bar_plot_orders_its_rounds_as_numbers_with_labels_apart(page):
+    page.get_by_role("radio", name="exact").check()
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("exact: done", timeout=WAIT_MS)
+    labels = page.locator('#plot g[aria-label^="X-axis"] .role-axis-label text')
+    expect(labels.first).to_be_visible()
+    texts = [label.text_content() for label in labels.all()]
+    assert len(texts) >= 10 and texts == [str(k) for k in range(1, len(texts) + 1)], texts
+    boxes = [label.bounding_box() for label in labels.all()]
+    assert all(a["x"] + a["width"] <= b["x"] for a, b in itertools.pairwise(boxes)), boxes
+
+
+def test_the_page_says_which_decoding_is_lossy_and_which_lossless(page):
+    info = page.locator("#decoding .info-text").inner_text()
+    assert "ssd: lossy, fastest" in info and "exact: lossless: the same distribution as ar" in info, info
+    expect(page.locator("#legend")).to_contain_text("from the model")
+    expect(page.locator("#vertical-rows")).to_contain_text("Rows drafted at once")
 
 
 def test_every_control_explains_itself_and_the_page_stays_offline(page, demo_server):

@@ -1,4 +1,5 @@
-"""The demo's handlers on the reference model, without a server: streaming rows, Stop, errors, seeds."""
+"""The demo's handlers and page on the reference model, without a server: streaming rows, Stop, errors, seeds,
+warnings, and the defaults and options read from the model and the library."""
 
 import re
 import threading
@@ -11,8 +12,9 @@ import torch
 
 from app.events import OUTPUTS, DemoEvents
 from app.runner import Settings, StopFlags
+from app.ui import _decoding_changed, build_demo, example_prompts
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.cli import BUNDLED_MODEL
+from ssd_pipelines.hub import BUNDLED_MODEL
 
 PROMPT = "a red circle left of a blue square"
 
@@ -45,6 +47,25 @@ def test_options_a_decoding_does_not_take_are_left_out():
     assert not {"verify_rounds", "vertical_rows"} & set(exact)
     assert not {"verify_rounds", "vertical_rows"} & set(ar)
     assert ssd["top_k"] is None and ssd["negative_prompt"] is None  # the controls' "off" values
+    assert ssd["guidance_scale"] is None  # the pipeline takes the model's own
+    assert Settings(prompt=PROMPT).pipeline_kwargs()["verify_rounds"] == 2  # option_default("ssd", "verify_rounds")
+
+
+def test_the_page_starts_with_an_example_prompt_and_the_models_defaults(pipe):
+    with build_demo(pipe, "reference") as demo:
+        by_id = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    assert by_id["prompt"].value == example_prompts()[0] == "a black square"
+    assert by_id["prompt"].placeholder == "Describe the image (see the examples below)"
+    assert by_id["guidance"].value == pipe.image_backbone.default_guidance_scale == 3.0
+    assert (by_id["rounds"].value, by_id["vertical-rows"].value) == (2, 1)
+    assert by_id["vertical-rows"].label == "Rows drafted at once (ssd)"
+    info = by_id["decoding"].info
+    assert "ssd: lossy, fastest" in info and "exact: lossless: the same distribution as ar" in info
+
+
+def test_only_the_options_a_decoding_declares_stay_interactive():
+    interactive = {d: [u["interactive"] for u in _decoding_changed(d)] for d in ("ssd", "exact", "ar")}
+    assert interactive == {"ssd": [True, True, True], "exact": [False, False, True], "ar": [False, False, False]}
 
 
 def test_rows_stream_into_the_preview_before_the_final_images(events):
@@ -109,13 +130,39 @@ def test_bad_input_shows_the_pipelines_own_message(events, pipe, controls):
     updates = []
     with pytest.raises(gr.Error) as shown:
         updates.extend(run)
-    assert shown.value.message == str(expected.value)
-    assert updates[-1]["status"] == f"Not generated: {expected.value}"
+    assert shown.value.message == str(expected.value) and shown.value.title == "Not generated"
+    assert updates[-1]["status"] == f"**Not generated:** {expected.value}"
+    assert updates[-1]["images"] is None and updates[-1]["preview"] is None  # no stale results under the message
+
+
+@pytest.mark.parametrize(
+    ("controls", "argument"),
+    [({"num_images": 2.5}, "num_images_per_prompt"), ({"verify_rounds": 2.7}, "verify_rounds"), ({"top_k": 0.5}, "")],
+)
+def test_fractional_integers_are_refused_not_truncated(events, pipe, controls, argument):
+    with pytest.raises(ValueError) as expected:
+        pipe(PROMPT, **({argument or "top_k": next(iter(controls.values()))}))
+    with pytest.raises(gr.Error) as shown:
+        list(events.generate(PROMPT, **controls))
+    assert shown.value.message == str(expected.value) and "got" in shown.value.message
+
+
+def test_a_sliders_integer_float_is_taken_as_that_integer(events):
+    final = list(events.generate(PROMPT, num_images=2.0, verify_rounds=1.0, vertical_rows=1.0, top_k=5.0))[-1]
+    assert len(final["images"]) == 2 and final["status"].startswith("ssd: done")
+
+
+def test_what_the_tokenizer_cut_from_the_prompt_is_shown_in_the_status(events, pipe):
+    long = "four blue squares " * 300
+    said = pipe(long, num_images_per_prompt=1).warnings
+    assert said
+    final = list(events.generate(long))[-1]
+    assert final["status"].endswith("".join(f"\n\n**Prompt changed:** {w}" for w in said))
 
 
 def test_comparing_ar_with_itself_is_refused(events):
     with pytest.raises(gr.Error, match="choose decoding ssd or exact"):
-        next(events.generate(PROMPT, decoding="ar", compare=True))
+        list(events.generate(PROMPT, decoding="ar", compare=True))
 
 
 def test_a_random_seed_is_shown_and_redraws_the_same_images(events):

@@ -1,40 +1,30 @@
-"""The demo's pictures and tables: acceptance-map categories and colours, preview tiles, statistics."""
+"""The demo's pictures and tables: the legend, preview tiles, PNG files, acceptance per round, statistics."""
 
 import numpy as np
 import PIL.Image
-import torch
 
 from app import render
-from app.render import CATEGORIES, EXACT, FIRST_ROUND, LAST_ROUND, LATER_ROUND, NOT_DECODED, TINT
+from ssd_pipelines.acceptance import CATEGORIES
+
+SSD = {
+    "strategy": "ssd",
+    "forward_passes": 36,
+    "seconds": 0.5,
+    "rows_completed": 16,
+    "acceptance_per_round": [0.25],
+    "drafted_per_round": [240],
+}
+AR = {**SSD, "strategy": "ar", "forward_passes": 256, "seconds": 2.0, "acceptance_per_round": []}
 
 
-def test_each_cell_gets_the_category_of_the_round_it_became_final_in():
-    rounds = torch.tensor([[-1, 0, 1, 2, 3]])
-    with_last = [CATEGORIES[i] for i in render.category_index(rounds, last_round=2)[0]]
-    assert with_last == [NOT_DECODED, EXACT, FIRST_ROUND, LATER_ROUND, LAST_ROUND]
-    uncapped = [CATEGORIES[i] for i in render.category_index(rounds, last_round=None)[0]]  # exact
-    assert uncapped == [NOT_DECODED, EXACT, FIRST_ROUND, LATER_ROUND, LATER_ROUND]
-    unverified = [CATEGORIES[i] for i in render.category_index(rounds[:, :3], last_round=0)[0]]
-    assert unverified == [NOT_DECODED, EXACT, FIRST_ROUND]
-
-
-def test_the_map_tints_each_code_cell_of_the_image_with_its_category():
-    image = PIL.Image.new("RGB", (8, 4), (100, 50, 200))  # a 2 x 4 grid of 2 px cells
-    rounds = torch.tensor([[0, 1, 2, -1], [1, 1, 3, 3]])
-    tinted = np.asarray(render.acceptance_map(image, rounds, last_round=2)).astype(float)
-    assert tinted.shape == (4, 8, 3)
-    for (row, col), category in {(0, 0): EXACT, (0, 1): FIRST_ROUND, (0, 2): LATER_ROUND, (1, 3): LAST_ROUND}.items():
-        expected = np.round((1 - TINT) * np.array([100, 50, 200]) + TINT * np.array(category.colour))
-        cell = tinted[2 * row : 2 * row + 2, 2 * col : 2 * col + 2]
-        assert (cell == expected).all(), (row, col)
-
-
-def test_the_legend_names_every_category():
+def test_the_legend_is_the_librarys_palette():
     legend = render.legend_html()
-    assert all(c.label in legend and f"rgb{c.colour}" in legend for c in CATEGORIES)
+    assert legend.count("<li>") == len(CATEGORIES) == 5
+    assert all(f"<b>{c.label}</b>: {c.meaning}" in legend and f"rgb{c.colour}" in legend for c in CATEGORIES)
+    assert "<b>from the model</b>" in legend and "<b>exact</b>" not in legend
 
 
-def test_a_batch_is_tiled_side_by_side_with_sharp_cells():
+def test_a_batch_is_tiled_in_a_near_square_grid_with_sharp_cells():
     red = PIL.Image.new("RGB", (4, 4), "red")
     blue = PIL.Image.new("RGB", (4, 4), "blue")
     tiled = render.tile([red, blue], scale=3, gap=2)
@@ -42,20 +32,42 @@ def test_a_batch_is_tiled_side_by_side_with_sharp_cells():
     pixels = np.asarray(tiled)
     assert (pixels[:, :12] == (255, 0, 0)).all() and (pixels[:, 14:] == (0, 0, 255)).all()
     assert (pixels[:, 12:14] == 255).all()  # the white gap
+    eight = render.tile([red] * 7 + [blue], scale=3, gap=2)  # 3 columns, 3 rows, the last row short
+    assert eight.size == (3 * 12 + 2 * 2, 3 * 12 + 2 * 2)
+    pixels = np.asarray(eight)
+    assert (pixels[28:, 14:26] == (0, 0, 255)).all() and (pixels[28:, 28:] == 255).all()
+
+
+def test_a_png_file_is_named_by_its_content_and_written_once(tmp_path):
+    image = PIL.Image.new("RGB", (4, 4), "green")
+    path = render.png_file(image, tmp_path)
+    written = (tmp_path / path).stat().st_mtime_ns
+    assert render.png_file(image.copy(), tmp_path) == path  # the same picture again: the same file, not rewritten
+    assert (tmp_path / path).stat().st_mtime_ns == written
+    assert render.png_file(PIL.Image.new("RGB", (4, 4), "red"), tmp_path) != path
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".png", ".png"]  # no staging file left over
+    assert PIL.Image.open(path).format == "PNG" and np.array_equal(np.asarray(PIL.Image.open(path)), np.asarray(image))
+
+
+def test_rounds_are_ordered_as_numbers_not_as_text():
+    stats = {**SSD, "acceptance_per_round": [0.5] * 11 + [None], "drafted_per_round": [9] * 12}
+    table = render.acceptance_table(stats)
+    assert render.round_order(stats) == [str(k) for k in range(1, 13)] == table["round"].tolist()
+    assert render.acceptance_table(SSD).to_dict("list") == {"round": ["1"], "accepted": [0.25], "drafted cells": [240]}
 
 
 def test_statistics_and_speedup_come_from_the_runs():
-    ssd = {
-        "strategy": "ssd",
-        "forward_passes": 36,
-        "seconds": 0.5,
-        "rows_completed": 16,
-        "acceptance_per_round": [0.25],
-        "drafted_per_round": [240],
-    }
-    ar = {**ssd, "strategy": "ar", "forward_passes": 256, "seconds": 2.0, "acceptance_per_round": []}
-    table = render.stats_markdown({"ssd": ssd, "ar": ar})
+    table = render.stats_markdown({"ssd": SSD, "ar": AR})
     assert "| forward passes | 36 | 256 |" in table and "| acceptance per round | 0.25 | - |" in table
-    assert "7.1x fewer forward passes, 4.0x less time" in render.speedup_markdown(ssd, ar)
-    plot = render.acceptance_table(ssd)
-    assert plot.to_dict("list") == {"round": ["round 1"], "accepted": [0.25], "drafted cells": [240]}
+    speedup = render.speedup_markdown(SSD, AR)
+    assert "7.1x fewer forward passes, 4.0x less time" in speedup
+    assert speedup.endswith(
+        "ssd is lossy: its distribution is close to ar's, not equal to it, and the pictures differ."
+    )
+
+
+def test_an_exact_comparison_says_same_distribution_different_sample():
+    exact = {**SSD, "strategy": "exact"}
+    assert "exact is lossless: the same distribution as ar, a different sample of it" in render.speedup_markdown(
+        exact, AR
+    )
