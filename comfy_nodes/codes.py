@@ -30,7 +30,7 @@ class SSDCodes:
     codes: torch.Tensor  # [B, R, C] long; -1 where a cell was never decoded
     final_round: torch.Tensor  # [B, R, C] long; see ssd_pipelines.acceptance
     image_size: tuple[int, int]  # (H, W) of the images these codes decode to
-    last_round: int | None  # ssd's verify_rounds, whose resamples were never checked again; None for exact and ar
+    last_round: int | None  # the run's round_cap: ssd's verify_rounds, whose last resamples were never checked again
 
 
 def acceptance_map(codes: SSDCodes) -> torch.Tensor:

@@ -207,5 +207,5 @@ class SSDGenerate:
             LOG.warning("SSD Generate: %s", note)
         images = to_comfy_images(out.images)
         # A cell resampled in ssd's last round was never checked again; exact and ar have no last round.
-        codes = SSDCodes(out.codes, out.final_round, (images.shape[1], images.shape[2]), options.get("verify_rounds"))
+        codes = SSDCodes(out.codes, out.final_round, (images.shape[1], images.shape[2]), out.stats["round_cap"])
         return images, codes, format_stats(out.stats, guidance, out.warnings)

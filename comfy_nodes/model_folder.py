@@ -16,6 +16,8 @@ from ssd_pipelines.hub import HEADS_CLASS
 
 FOLDER = "ssd"
 BUNDLED_NAME = "ssd-reference"
+# The pack's own copy, not ssd_pipelines.hub.BUNDLED_MODEL: a registry install puts the library in site-packages,
+# without hub_cards/, while the pack's folder (this clone) always has it.
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 
 
