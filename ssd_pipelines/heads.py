@@ -11,6 +11,17 @@ predicts cell (y, x); e is the input embedding of the code chosen there. The
 draft distribution comes from the backbone's own norm and output head applied to
 h_hat, so the heads never predict token ids directly.
 
+The vertical drafter of offset (+1, 0) comes in three kinds (`vertical_drafter`):
+
+    "cell"   the per-cell head above (the paper's, the default)
+    "row"    x = Conv1d over [h; e] of (y, x-k..x+k) of the committed row above (zero padding at the row
+             ends), then h_hat(y + 1, x) = x + SwiGLU(RMSNorm(x))
+    "inrow"  x = the same convolution + W_left [e(y+1, x-1); ...; e(y+1, x-L)] (a learned start vector for
+             each x - j that falls off the row's left end), then x + SwiGLU(RMSNorm(x)): the row is drafted
+             left to right, each cell reading the codes drafted to its left (`row_context`, `draft_step`)
+
+Horizontal heads are per-cell in every kind.
+
 Heads are a diffusers `ModelMixin`: `save_pretrained` writes safetensors and a
 JSON config (sizes, offsets, codebook size, the base model they were trained
 for), which is all that is needed to plug them into an unchanged backbone.
@@ -43,11 +54,92 @@ class DraftHead(nn.Module):
         return x + self.down(F.silu(self.gate(n)) * self.up(n))
 
 
+VERTICAL_DRAFTERS = ("cell", "row", "inrow")
+"""The kinds of vertical drafter: per cell (the paper's), row context, row context + in-row dependence."""
+
+
+class RowDraftHead(nn.Module):
+    """The row drafters of offset (+1, 0): x = conv(row above)[x] (+ W_left [e(x-1); ...; e(x-L)] if in-row),
+    then x + SwiGLU(RMSNorm(x)). left_codes = 0 is the "row" kind, > 0 the "inrow" kind."""
+
+    def __init__(
+        self, hidden_size: int, embed_size: int, intermediate_size: int, kernel: int, left_codes: int, eps=1e-6
+    ):
+        super().__init__()
+        self.kernel, self.left_codes = kernel, left_codes
+        self.conv = nn.Conv1d(hidden_size + embed_size, hidden_size, kernel, padding=kernel // 2, bias=False)
+        if left_codes:
+            self.left = nn.Linear(left_codes * embed_size, hidden_size, bias=False)  # W_left
+            self.start = nn.Parameter(torch.zeros(left_codes, embed_size))  # e where x - j is off the row, j = 1..L
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.gate = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def context(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The convolution over a whole row: [..., C, d_h], [..., C, d_e] -> [..., C, d_h]."""
+        z = torch.cat([hidden, embeds.to(hidden.dtype)], dim=-1)
+        lead, cols = z.shape[:-2], z.shape[-2]
+        out = self.conv(z.reshape(-1, cols, z.shape[-1]).transpose(1, 2)).transpose(1, 2)
+        return out.reshape(*lead, cols, out.shape[-1])
+
+    def context_at(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The convolution at one column from its neighbourhood: [..., kernel, d_h], [..., kernel, d_e] (columns
+        x - k..x + k, zeros where off the row) -> [..., d_h]."""
+        z = torch.cat([hidden, embeds.to(hidden.dtype)], dim=-1)  # [..., kernel, d]
+        return torch.einsum("...kd,hdk->...h", z, self.conv.weight)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Its weights' dtype, read without walking every parameter (ModelMixin.dtype does): a row's steps ask."""
+        return self.norm.weight.dtype
+
+    def refine(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norm(x)
+        return x + self.down(F.silu(self.gate(n)) * self.up(n))
+
+    def with_start(self, left: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
+        """left [..., L, d_e] with the start vectors wherever off_row [..., L] is True."""
+        return torch.where(off_row[..., None], self.start.to(left.dtype), left)
+
+    def step(self, context: torch.Tensor, left: torch.Tensor | None) -> torch.Tensor:
+        """context [..., d_h], left [..., L, d_e] (e(x-1) first; None for "row") -> h_hat [..., d_h]."""
+        if self.left_codes:
+            if left is None or left.shape[-2] != self.left_codes:
+                raise ValueError(
+                    f"an in-row drafter reads the {self.left_codes} codes to a cell's left: pass their embeddings "
+                    f"[..., {self.left_codes}, d_e] (start vectors where off the row), got "
+                    f"{None if left is None else tuple(left.shape)}."
+                )
+            context = context + self.left(left.to(context.dtype).flatten(-2))
+        elif left is not None:
+            raise ValueError("a 'row' drafter reads no codes to a cell's left: pass left_embeds=None.")
+        return self.refine(context)
+
+    def teacher_forced(self, hidden: torch.Tensor, embeds: torch.Tensor, row_embeds: torch.Tensor) -> torch.Tensor:
+        """Every cell of the row below at once, cell x reading row_embeds at x-1..x-L: [..., C, d] -> [..., C, d_h]."""
+        context = self.context(hidden, embeds)
+        if not self.left_codes:
+            return self.refine(context)
+        cols = row_embeds.shape[-2]
+        row_embeds = row_embeds.to(context.dtype)
+        shifted = []
+        for j in range(1, self.left_codes + 1):  # cell x reads the code at x - j, or start vector j where x < j
+            off = min(j, cols)
+            start = self.start[j - 1].to(context.dtype).expand(*row_embeds.shape[:-2], off, row_embeds.shape[-1])
+            shifted.append(torch.cat([start, row_embeds[..., : cols - off, :]], dim=-2))
+        return self.step(context, torch.stack(shifted, dim=-2))  # left: [..., C, L, d_e]
+
+
 class DraftHeads(ModelMixin, ConfigMixin):
     """The horizontal heads (offsets (0, +dx)) and vertical heads (offsets (+dy, 0)) of one backbone.
 
     horizontal_offsets must be 1..k_h and vertical_offsets 1..k_v: a row is drafted
     from contiguous offsets, so a gap would leave a cell without a head.
+
+    vertical_drafter: "cell" (one per-cell head per vertical offset, the paper's), "row" (the row above through
+    a Conv1d of width row_kernel) or "inrow" (that, plus the left_codes codes drafted to each cell's left: the
+    row is drafted left to right). "row" and "inrow" have one vertical offset, (1,); "row" ignores left_codes.
     """
 
     config_name = "config.json"
@@ -62,6 +154,9 @@ class DraftHeads(ModelMixin, ConfigMixin):
         vertical_offsets: tuple[int, ...] = (1, 2),
         intermediate_size: int | None = None,
         base_model: str | None = None,
+        vertical_drafter: str = "cell",
+        row_kernel: int = 5,
+        left_codes: int = 2,
     ):
         super().__init__()
         for name, offsets in (("horizontal_offsets", horizontal_offsets), ("vertical_offsets", vertical_offsets)):
@@ -69,11 +164,18 @@ class DraftHeads(ModelMixin, ConfigMixin):
                 raise ValueError(f"{name} must be 1, 2, ..., k (contiguous from 1), got {list(offsets)}.")
         if not vertical_offsets:
             raise ValueError("at least one vertical offset is needed: SSD drafts every row after the first with them.")
+        check_vertical_drafter(vertical_drafter, row_kernel, left_codes, vertical_offsets)
         intermediate_size = intermediate_size or 2 * hidden_size
         self.horizontal = nn.ModuleList(
             DraftHead(hidden_size, embed_size, intermediate_size) for _ in horizontal_offsets
         )
-        self.vertical = nn.ModuleList(DraftHead(hidden_size, embed_size, intermediate_size) for _ in vertical_offsets)
+        if vertical_drafter == "cell":
+            self.vertical = nn.ModuleList(
+                DraftHead(hidden_size, embed_size, intermediate_size) for _ in vertical_offsets
+            )
+        else:
+            left = left_codes if vertical_drafter == "inrow" else 0
+            self.vertical = nn.ModuleList([RowDraftHead(hidden_size, embed_size, intermediate_size, row_kernel, left)])
 
     @property
     def max_horizontal(self) -> int:
@@ -83,13 +185,89 @@ class DraftHeads(ModelMixin, ConfigMixin):
     def max_vertical(self) -> int:
         return len(self.vertical)
 
+    @property
+    def drafter(self) -> str:
+        """The kind of vertical drafter: "cell", "row" or "inrow" (heads saved before the kinds existed: "cell")."""
+        return self.config.vertical_drafter
+
+    @property
+    def in_row(self) -> bool:
+        """Whether the vertical drafter reads the codes to a cell's left (a row is then drafted left to right)."""
+        return self.drafter == "inrow"
+
     def draft_right(self, hidden: torch.Tensor, embeds: torch.Tensor, count: int) -> torch.Tensor:
         """Hidden states of the `count` cells right of one cell. [B, d_h], [B, d_e] -> [B, count, d_h]."""
         return self._run(self.horizontal[:count], hidden, embeds)
 
     def draft_below(self, hidden: torch.Tensor, embeds: torch.Tensor, rows: int) -> torch.Tensor:
-        """Hidden states of the `rows` rows below a committed row. [B, C, d_h], [B, C, d_e] -> [B, rows, C, d_h]."""
-        return self._run(self.vertical[:rows], hidden, embeds)
+        """Hidden states of the `rows` rows below a committed row. [B, C, d_h], [B, C, d_e] -> [B, rows, C, d_h].
+
+        One parallel call for "cell" and "row" heads; an "inrow" drafter drafts left to right (`row_context`,
+        `draft_step`)."""
+        if self.drafter == "cell":
+            return self._run(self.vertical[:rows], hidden, embeds)
+        if self.in_row:
+            raise ValueError(
+                "an 'inrow' drafter drafts a row left to right, each cell from the codes drafted to its left: "
+                "call row_context once per row, then draft_step cell by cell."
+            )
+        if rows != 1:
+            raise ValueError(f"a 'row' drafter drafts the one row below (vertical offset 1): pass rows=1, not {rows}.")
+        head = self.vertical[0]
+        dtype = self.dtype
+        return head.refine(head.context(hidden.to(dtype), embeds.to(dtype)))[..., None, :, :].to(hidden.dtype)
+
+    def row_context(self, hidden_above: torch.Tensor, embeds_above: torch.Tensor) -> torch.Tensor:
+        """ "row"/"inrow": the convolution over the committed row above, once per row. [B', C, d_h], [B', C, d_e]
+        -> [B', C, d_h], in the heads' dtype (pass it to `draft_step` as it is)."""
+        head = self._row_head("row_context")
+        return head.context(hidden_above.to(head.dtype), embeds_above.to(head.dtype))
+
+    def row_context_at(self, hidden_near: torch.Tensor, embeds_near: torch.Tensor) -> torch.Tensor:
+        """`row_context` at single cells, from the row above's columns x - k..x + k around each (k = row_kernel
+        // 2; zeros where off the row): [n, row_kernel, d_h], [n, row_kernel, d_e] -> [n, d_h], heads' dtype."""
+        head = self._row_head("row_context_at")
+        return head.context_at(hidden_near.to(head.dtype), embeds_near.to(head.dtype))
+
+    def start_embeds(self, left_embeds: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
+        """ "inrow": left_embeds [..., left_codes, d_e] (e(x-1) first) with the learned start vector j wherever
+        x - j falls off the row's left end (off_row [..., left_codes] True)."""
+        head = self._row_head("start_embeds", in_row=True)
+        return head.with_start(left_embeds.to(head.dtype), off_row)
+
+    def draft_step(self, context_x: torch.Tensor, left_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """One cell of the row below: context_x [B', d_h] (its column of `row_context`), and for "inrow" the
+        embeddings of the codes to its left, left_embeds [B', left_codes, d_e] (e(x-1) first, start vectors where
+        off the row; see `start_embeds`) -> h_hat [B', d_h], in the heads' dtype. "row": left_embeds=None."""
+        head = self._row_head("draft_step")
+        return head.step(context_x.to(head.dtype), None if left_embeds is None else left_embeds.to(head.dtype))
+
+    def draft_below_teacher_forced(
+        self, hidden_above: torch.Tensor, embeds_above: torch.Tensor, row_embeds: torch.Tensor
+    ) -> torch.Tensor:
+        """Training: the row below of every row above at once. hidden_above [..., C, d_h], embeds_above
+        [..., C, d_e], row_embeds [..., C, d_e] the embeddings of the drafted row's true codes (cell x reads
+        x-1..x-left_codes of them, start vectors off the row; only "inrow" reads them) -> [..., C, d_h].
+
+        Cell x gives what `draft_step` gives with the same codes to its left. Works for every kind ("cell": the
+        offset-1 head)."""
+        dtype = self.dtype
+        hidden, embeds = hidden_above.to(dtype), embeds_above.to(dtype)
+        head = self.vertical[0]
+        if self.drafter == "cell":
+            out = head(hidden, embeds)
+        else:
+            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype))
+        return out.to(hidden_above.dtype)
+
+    def _row_head(self, method: str, in_row: bool = False) -> RowDraftHead:
+        if self.drafter == "cell" or (in_row and not self.in_row):
+            kinds = "'inrow'" if in_row else "'row' and 'inrow'"
+            raise ValueError(
+                f"{method} is for {kinds} vertical drafters; these heads have vertical_drafter={self.drafter!r}"
+                + (": use draft_below." if self.drafter != "inrow" else ".")
+            )
+        return self.vertical[0]
 
     def _run(self, heads: nn.ModuleList, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """Heads in their own dtype, drafts in the backbone's: heads kept in fp32 beside a bf16 backbone work."""
@@ -112,3 +290,27 @@ class DraftHeads(ModelMixin, ConfigMixin):
                 f"the drafting heads are on {self.device} and the backbone on {backbone.device}: move both, "
                 "e.g. pipe.to(device)."
             )
+
+
+def check_vertical_drafter(drafter, row_kernel, left_codes, vertical_offsets) -> None:
+    """Raise a ValueError that says what to pass, unless these are a valid vertical drafter's settings."""
+    if drafter not in VERTICAL_DRAFTERS:
+        raise ValueError(
+            f"vertical_drafter must be one of {', '.join(map(repr, VERTICAL_DRAFTERS))} (per cell, the paper's; "
+            f"row context; row context + the codes to the left), got {drafter!r}."
+        )
+    if isinstance(row_kernel, bool) or not isinstance(row_kernel, int) or row_kernel < 1 or row_kernel % 2 == 0:
+        raise ValueError(
+            f"row_kernel must be an odd positive integer (the width of the row-above neighbourhood, centred on the "
+            f"cell: 1, 3, 5, ...), got {row_kernel!r}."
+        )
+    if isinstance(left_codes, bool) or not isinstance(left_codes, int) or left_codes < 1:
+        raise ValueError(
+            f"left_codes must be a positive integer (how many codes to its left an 'inrow' drafter reads), "
+            f"got {left_codes!r}."
+        )
+    if drafter != "cell" and list(vertical_offsets) != [1]:
+        raise ValueError(
+            f"a {drafter!r} vertical drafter drafts the row just below the committed one: pass vertical_offsets=(1,), "
+            f"not {tuple(vertical_offsets)} (several vertical offsets need vertical_drafter='cell')."
+        )

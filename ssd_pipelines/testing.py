@@ -92,15 +92,27 @@ def with_uniform_drafts(strategy_class: type) -> type:
     return UniformDrafts
 
 
-def tiny_heads(backbone: LlamaGridBackbone, seed: int = 1, horizontal=(1, 2, 3, 4, 5), vertical=(1, 2)) -> DraftHeads:
+def tiny_heads(
+    backbone: LlamaGridBackbone,
+    seed: int = 1,
+    horizontal=(1, 2, 3, 4, 5),
+    vertical=None,
+    drafter: str = "cell",
+    row_kernel: int = 5,
+    left_codes: int = 2,
+) -> DraftHeads:
+    """Random heads; vertical offsets (1, 2) for the per-cell drafter, (1,) for a "row" or "inrow" one."""
     torch.manual_seed(seed)
     return DraftHeads(
         hidden_size=backbone.hidden_size,
         embed_size=backbone.embed_size,
         codebook_size=backbone.grid.codebook_size,
         horizontal_offsets=horizontal,
-        vertical_offsets=vertical,
+        vertical_offsets=vertical if vertical is not None else ((1, 2) if drafter == "cell" else (1,)),
         base_model="tests/tiny-llama",
+        vertical_drafter=drafter,
+        row_kernel=row_kernel,
+        left_codes=left_codes,
     ).eval()
 
 

@@ -15,6 +15,7 @@ import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.sampling import residual, sample, verify_round
+from ssd_pipelines.testing import tiny_heads
 
 SAMPLES = 30_000
 GUIDED = SamplingConfig(temperature=1.0, guidance_scale=2.0)
@@ -89,6 +90,55 @@ def test_ssd_converges_with_rounds():
     """Blocks here hold 3 cells: the first is exact, each round fixes one more, so r = 2 is already exact."""
     tests = [g_of(lambda heads, r=r: SSDDecoding(heads, verify_rounds=r), seed=30 + r) for r in range(3)]
     assert tests[0].statistic > tests[1].statistic > tests[1].bound and tests[2].passes, tests
+
+
+def row_setup(drafter, **grid):
+    """The toy backbone with "row" or "inrow" heads (kernel 3, so that the row's ends are padded). An "inrow"
+    drafter's W_left is scaled up, so that its drafts depend strongly on the codes drawn to their left."""
+    backbone, _ = toy_setup(**grid)
+    heads = tiny_heads(backbone, horizontal=(1, 2, 3, 4, 5), drafter=drafter, row_kernel=3)
+    if drafter == "inrow":
+        with torch.no_grad():
+            heads.vertical[0].left.weight.mul_(8)
+    return backbone, heads
+
+
+@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize(
+    "strategy, grid",
+    [
+        pytest.param(lambda heads: ExactDecoding(heads, window=2), {}, id="exact-W=2"),
+        pytest.param(lambda heads: ExactDecoding(heads, window=8), {}, id="exact-W=8"),
+        pytest.param(lambda heads: ExactDecoding(heads, window=3), {"rows": 3, "cols": 2}, id="exact-3-rows"),
+        pytest.param(lambda heads: SSDDecoding(heads, verify_rounds=None), {}, id="ssd-no-cap"),
+        pytest.param(lambda heads: SSDDecoding(heads, verify_rounds=None, window=4), {}, id="pipelined-no-cap"),
+    ],
+)
+def test_row_drafters_keep_exact_and_uncapped_ssd_exact(drafter, strategy, grid):
+    g = g_of(strategy, row_setup(drafter, **grid), seed=70)
+    assert g.passes, g
+
+
+def test_ssd_with_an_inrow_drafter_converges_with_rounds():
+    """The test sees the in-row drafts: with no verification (r = 0) they are far from AR, one round is closer."""
+    tests = [
+        g_of(lambda heads, r=r: SSDDecoding(heads, verify_rounds=r), row_setup("inrow"), seed=80 + r) for r in (0, 1, 2)
+    ]
+    assert tests[0].statistic > tests[1].statistic > tests[1].bound and tests[2].passes, tests
+
+
+def test_an_inrow_q_that_is_not_the_one_drawn_from_is_caught(monkeypatch):
+    """Codes drawn left to right from the codes to their left, but each q taken as if those were off the row."""
+    right = SSDDecoding._draft_in_row
+
+    def wrong(self, run, h_next, row_hidden, row_embeds):
+        codes, q = right(self, run, h_next, row_hidden, row_embeds)
+        blind = self.heads.draft_below_teacher_forced(row_hidden, row_embeds, torch.zeros_like(row_embeds))
+        return codes, torch.cat([q[:, :1], run.probs(blind.to(h_next.dtype))[:, 1:]], dim=1)
+
+    monkeypatch.setattr(SSDDecoding, "_draft_in_row", wrong)
+    g = g_of(lambda heads: SSDDecoding(heads, verify_rounds=None), row_setup("inrow"), seed=90)
+    assert g.statistic > 3 * g.bound, g
 
 
 def _keep_head_q(tokens, q, p, generator=None):

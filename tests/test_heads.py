@@ -48,3 +48,165 @@ def test_offsets_must_be_contiguous_from_one():
         DraftHeads(hidden_size=8, embed_size=8, codebook_size=4, horizontal_offsets=(1, 3))
     with pytest.raises(ValueError, match="at least one vertical offset"):
         DraftHeads(hidden_size=8, embed_size=8, codebook_size=4, vertical_offsets=())
+
+
+# The row drafters: "row" (row context) and "inrow" (row context + the codes drafted to the left).
+
+
+def row_heads(drafter, seed=3, **kwargs):
+    torch.manual_seed(seed)
+    return DraftHeads(
+        hidden_size=16,
+        embed_size=12,
+        codebook_size=8,
+        horizontal_offsets=(1, 2),
+        vertical_offsets=(1,),
+        vertical_drafter=drafter,
+        **kwargs,
+    ).eval()
+
+
+def randomise(heads, seed=4):
+    """Random values in every parameter (the start vectors start at zero, which would hide them)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return heads
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"vertical_drafter": "rows"}, r"vertical_drafter must be one of 'cell', 'row', 'inrow'.*got 'rows'"),
+        ({"vertical_drafter": "row", "row_kernel": 4}, r"row_kernel must be an odd positive integer.*got 4"),
+        ({"vertical_drafter": "row", "row_kernel": 0}, r"row_kernel must be an odd positive integer.*got 0"),
+        ({"vertical_drafter": "inrow", "left_codes": 0}, r"left_codes must be a positive integer.*got 0"),
+        ({"vertical_drafter": "inrow", "left_codes": 1.5}, r"left_codes must be a positive integer.*got 1.5"),
+        ({"vertical_drafter": "inrow", "vertical_offsets": (1, 2)}, r"pass vertical_offsets=\(1,\), not \(1, 2\)"),
+        ({"vertical_drafter": "row"}, r"pass vertical_offsets=\(1,\), not \(1, 2\)"),  # the default offsets
+    ],
+)
+def test_bad_drafter_settings_say_what_to_pass(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DraftHeads(hidden_size=8, embed_size=8, codebook_size=4, **kwargs)
+
+
+def test_the_per_cell_drafter_is_the_default_and_has_no_row_api(heads):
+    assert heads.config.vertical_drafter == "cell" and heads.drafter == "cell" and not heads.in_row
+    assert heads.config.row_kernel == 5 and heads.config.left_codes == 2
+    with pytest.raises(ValueError, match="draft_step is for 'row' and 'inrow' vertical drafters.*use draft_below"):
+        heads.draft_step(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="start_embeds is for 'inrow'"):
+        row_heads("row").start_embeds(torch.randn(2, 2, 12), torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_old_heads_folder_without_the_new_keys_loads_as_per_cell(heads, tmp_path):
+    heads.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("vertical_drafter", "row_kernel", "left_codes"):
+        del config[key]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = DraftHeads.from_pretrained(tmp_path)
+    assert loaded.config.vertical_drafter == "cell" and loaded.max_vertical == 2
+    h, e = torch.randn(3, 5, 32), torch.randn(3, 5, 32)
+    torch.testing.assert_close(loaded.draft_below(h, e, 2), heads.draft_below(h, e, 2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("drafter", ["row", "inrow"])
+def test_row_drafters_save_and_load_round_trip(drafter, tmp_path):
+    heads = randomise(row_heads(drafter, row_kernel=3, left_codes=3))
+    heads.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["vertical_drafter"], config["row_kernel"], config["left_codes"]) == (drafter, 3, 3)
+    assert config["vertical_offsets"] == [1]
+    loaded = DraftHeads.from_pretrained(tmp_path)
+    assert loaded.drafter == drafter and loaded.config.row_kernel == 3 and loaded.config.left_codes == 3
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    hidden, embeds, row = torch.randn(2, 7, 16), torch.randn(2, 7, 12), torch.randn(2, 7, 12)
+    assert torch.equal(
+        loaded.draft_below_teacher_forced(hidden, embeds, row), heads.draft_below_teacher_forced(hidden, embeds, row)
+    )
+
+
+def test_the_row_drafter_is_a_conv_over_the_row_above_then_swiglu():
+    heads = randomise(row_heads("row"))
+    head = heads.vertical[0]
+    hidden, embeds = torch.randn(2, 6, 16), torch.randn(2, 6, 12)
+    z = F.pad(torch.cat([hidden, embeds], -1), (0, 0, 2, 2))  # zero padding at the row ends, kernel 5
+    x = torch.stack([torch.einsum("bkd,hdk->bh", z[:, c : c + 5], head.conv.weight) for c in range(6)], dim=1)
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * head.norm.weight
+    expected = x + (F.silu(n @ head.gate.weight.T) * (n @ head.up.weight.T)) @ head.down.weight.T
+    drafted = heads.draft_below(hidden, embeds, 1)
+    assert drafted.shape == (2, 1, 6, 16)  # the shape of draft_below with per-cell heads
+    torch.testing.assert_close(drafted[:, 0], expected)
+    torch.testing.assert_close(heads.draft_below_teacher_forced(hidden, embeds, torch.randn(2, 6, 12)), expected)
+    context = heads.row_context(hidden, embeds)
+    torch.testing.assert_close(torch.stack([heads.draft_step(context[:, c]) for c in range(6)], 1), expected)
+    with pytest.raises(ValueError, match="reads no codes to a cell's left: pass left_embeds=None"):
+        heads.draft_step(context[:, 0], torch.randn(2, 2, 12))
+    with pytest.raises(ValueError, match="pass rows=1, not 2"):
+        heads.draft_below(hidden, embeds, 2)
+
+
+@pytest.mark.parametrize("drafter", ["row", "inrow"])
+def test_context_at_one_cell_is_the_row_context_there(drafter):
+    heads = randomise(row_heads(drafter, row_kernel=3))
+    hidden, embeds = torch.randn(2, 5, 16), torch.randn(2, 5, 12)
+    context = heads.row_context(hidden, embeds)
+    padded_h, padded_e = F.pad(hidden, (0, 0, 1, 1)), F.pad(embeds, (0, 0, 1, 1))
+    for x in range(5):
+        at = heads.row_context_at(padded_h[:, x : x + 3], padded_e[:, x : x + 3])
+        torch.testing.assert_close(at, context[:, x])
+
+
+@pytest.mark.parametrize("left_codes, cols", [(2, 6), (3, 2), (1, 4)])
+def test_inrow_teacher_forced_equals_stepwise(left_codes, cols):
+    """Cell x of the teacher-forced row is what draft_step gives from the true codes at x-1..x-L (start vectors
+    where they fall off the row): the function the loss trains is the one decoding runs."""
+    heads = randomise(row_heads("inrow", left_codes=left_codes))
+    hidden, embeds, row = torch.randn(3, 2, cols, 16), torch.randn(3, 2, cols, 12), torch.randn(3, 2, cols, 12)
+    forced = heads.draft_below_teacher_forced(hidden, embeds, row)  # any leading dims
+    assert forced.shape == (3, 2, cols, 16)
+    flat_h, flat_e, flat_row = hidden.flatten(0, 1), embeds.flatten(0, 1), row.flatten(0, 1)
+    context = heads.row_context(flat_h, flat_e)
+    for x in range(cols):
+        columns = torch.arange(x - 1, x - left_codes - 1, -1)  # x-1 first
+        left = flat_row[:, columns.clamp_min(0)]
+        left = heads.start_embeds(left, (columns < 0).expand(flat_row.shape[0], -1))
+        stepped = heads.draft_step(context[:, x], left)
+        torch.testing.assert_close(forced.flatten(0, 1)[:, x], stepped)
+    # the start vectors are what a cell reads off the row: cell 0 reads none of the row's codes
+    other = row.clone()
+    other[..., 0, :] = torch.randn(3, 2, 12)
+    changed = heads.draft_below_teacher_forced(hidden, embeds, other)
+    torch.testing.assert_close(changed[..., 0, :], forced[..., 0, :], rtol=0, atol=0)
+    assert not torch.allclose(changed[..., 1, :], forced[..., 1, :])
+
+
+def test_inrow_draft_depends_on_the_code_to_its_left_with_set_weights():
+    """A drafter that reads only the code at x - 1 (conv and the second left slot zeroed): changing that code
+    changes the draft at x, through the backbone's own output head, to the distribution set for it."""
+    backbone = tiny_backbone(rows=3, cols=4, codebook_size=8)
+    heads = DraftHeads(
+        hidden_size=32,
+        embed_size=32,
+        codebook_size=8,
+        horizontal_offsets=(1,),
+        vertical_offsets=(1,),
+        vertical_drafter="inrow",
+    ).eval()
+    head = heads.vertical[0]
+    with torch.no_grad():
+        head.conv.weight.zero_()
+        head.down.weight.zero_()  # h_hat = x: the drafted hidden state is W_left [e(x-1); e(x-2)]
+        head.left.weight.zero_()
+        head.left.weight[:, :32] = torch.eye(32) * 5  # h_hat = 5 e(code at x-1)
+    context = torch.zeros(1, 32)
+    codes = torch.arange(8)
+    embeds = backbone.embed_codes(codes)
+    drafts = torch.stack([heads.draft_step(context, torch.stack([embeds[c], torch.zeros(32)])[None])[0] for c in codes])
+    torch.testing.assert_close(drafts, 5 * embeds)
+    q = torch.softmax(backbone.code_logits(drafts), -1)  # [8 codes at x - 1, K]
+    assert (q[:, None] - q[None]).abs().sum(-1).add(torch.eye(8) * 9).min() > 1e-3  # every code, its own q

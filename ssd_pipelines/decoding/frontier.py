@@ -21,8 +21,11 @@ each pass runs the W positions from `done` on:
 3. Draft. Cells entering the window are drafted by the vertical heads from the
    cell above (its code, and the latest pass's hidden state there, final or
    not), in the first row by the horizontal heads from the rightmost cell that
-   has been through a pass. A code's q is always the distribution it was drawn
-   from, so every verification is a valid speculative step.
+   has been through a pass. A "row" drafter waits for codes in the row above's
+   cells x - k..x + k, an "inrow" one also for those left of it in its own row,
+   so its rows are drafted left to right over the bands. A code's q is always
+   the distribution it was drawn from, so every verification is a valid
+   speculative step.
 
 End-of-line tokens are forced, never drafted or verified. A cell verified before
 the frontier reaches it arrives nearly converged, because its q is its last p.
@@ -174,6 +177,8 @@ class FrontierRun:
 
     def _draft_below(self, batch, cells, missing) -> bool:
         """Vertical heads: each missing cell from the cell above it, if that one has a code. Drafted any?"""
+        if self.heads.drafter != "cell":
+            return self._draft_below_from_row(batch, cells, missing)
         run = self.run
         above = (cells - self.grid.cols).clamp_min(0)
         can = missing & (run.codes[batch, above] >= 0)
@@ -184,6 +189,38 @@ class FrontierRun:
         e = run.embed_codes(run.codes[b, a])
         drafted = self.heads.draft_below(h[:, None], e[:, None], 1)[:, 0, 0]  # [B' / B * n, d]
         self._take_drafts(b, c, drafted)
+        return True
+
+    def _draft_below_from_row(self, batch, cells, missing) -> bool:
+        """A "row" / "inrow" drafter: each missing cell from the row above's cells x - k..x + k (k = row_kernel // 2),
+        once those that lie on the row have codes; "inrow" also from the codes at x - 1..x - left_codes of its own
+        row, once those have codes, so that a row is drafted left to right over the loop's bands. Drafted any?"""
+        run, heads, cols = self.run, self.heads, self.grid.cols
+        device = cells.device
+        cell = cells.clamp_min(0)
+        column = cell % cols  # [B, W]
+        half = heads.config.row_kernel // 2
+        near_columns = column[..., None] + torch.arange(-half, half + 1, device=device)  # [B, W, kernel]
+        near_on = (near_columns >= 0) & (near_columns < cols)
+        near = (cell // cols - 1).clamp_min(0)[..., None] * cols + near_columns.clamp(0, cols - 1)  # row above
+        near_codes = run.codes[batch[..., None], near]
+        can = missing & ((near_codes >= 0) | ~near_on).all(dim=-1)
+        if heads.in_row:
+            steps = torch.arange(1, heads.config.left_codes + 1, device=device)
+            left_on = column[..., None] - steps >= 0  # [B, W, L]: x - j on the row
+            left_codes = run.codes[batch[..., None], (cell[..., None] - steps).clamp_min(0)]
+            can &= ((left_codes >= 0) | ~left_on).all(dim=-1)
+        if not bool(can.any()):
+            return False
+        b, c = batch.expand_as(cells)[can], cells[can]
+        on = self._both(near_on[can])[..., None]  # [B' / B * n, kernel, 1]
+        h = self.hidden[self._branch_rows(b)[:, None], self._both(near[can])]  # [B' / B * n, kernel, d]
+        e = run.embed_codes(near_codes[can].clamp_min(0))
+        context = heads.row_context_at(torch.where(on, h, 0), torch.where(on, e, 0))  # zero padding off the row
+        left = None
+        if heads.in_row:
+            left = heads.start_embeds(run.embed_codes(left_codes[can].clamp_min(0)), self._both(~left_on[can]))
+        self._take_drafts(b, c, heads.draft_step(context, left).to(h.dtype))
         return True
 
     def _draft_right(self, batch, cells, missing) -> bool:

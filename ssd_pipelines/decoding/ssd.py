@@ -5,6 +5,9 @@ the first cell is sampled from the backbone's exact distribution, the horizontal
 heads draft the k_h cells right of it. Every later block is k_v whole rows,
 drafted at once by the vertical heads from the committed row above; its first
 cell, whose exact distribution is already known, is sampled from it (ours).
+With an "inrow" vertical drafter (heads.py) the row is one block drafted left to
+right instead: each cell from the row above and the codes drawn to its left, the
+first cell's included, its q the distribution its code was drawn from.
 
 A block is then verified in rounds. Each round is one backbone pass over the
 drafted block appended to the committed KV cache, giving the target p at every
@@ -55,6 +58,11 @@ class SSDDecoding(DecodingStrategy):
         most verify_rounds times (see `FrontierRun`); None decodes the paper's blocks."""
         if verify_rounds is not None and verify_rounds < 0:
             raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
+        if heads.drafter != "cell" and vertical_rows != 1:
+            raise ValueError(
+                f"these heads' {heads.drafter!r} vertical drafter drafts one row from the committed row above: pass "
+                f"vertical_rows=1, not {vertical_rows} (several rows at once need per-cell heads)."
+            )
         if not 1 <= vertical_rows <= heads.max_vertical:
             raise ValueError(
                 f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
@@ -139,11 +147,30 @@ class SSDDecoding(DecodingStrategy):
 
     def _draft_below(self, run: DecodeRun, block: Block, h_next, row_hidden, row_embeds):
         """Whole-row block: the vertical heads draft every cell from the row above; the first cell is exact."""
+        if self.heads.in_row:
+            return self._draft_in_row(run, h_next, row_hidden, row_embeds)
         rows = block.last_row - block.first_row + 1
         drafted = self.heads.draft_below(row_hidden, row_embeds, rows).flatten(1, 2)  # [B', rows * C, d]
         drafted[:, 0] = h_next  # the first cell's distribution is known exactly
         q = run.probs(drafted)  # [B, n, K]
         return run.sample(q), q
+
+    def _draft_in_row(self, run: DecodeRun, h_next, row_hidden, row_embeds):
+        """One row, left to right: the first cell exact from h_next, then each cell x from the row above and the
+        codes drawn at x - 1..x - left_codes (the first cell's included). Every q is what its code was drawn from."""
+        heads, cols = self.heads, run.grid.cols
+        context = heads.row_context(row_hidden, row_embeds)  # [B', C, d_h]
+        q_first = run.probs(h_next)  # [B, K]
+        codes, qs = [run.sample(q_first)], [q_first]
+        batch, width = row_embeds.shape[0], heads.config.left_codes
+        off_row = torch.ones(batch, width, dtype=torch.bool, device=row_embeds.device)  # at x = 0 every x - j is off
+        left = heads.start_embeds(row_embeds.new_zeros(batch, width, row_embeds.shape[-1]), off_row)  # [B', L, d_e]
+        for x in range(1, cols):
+            left = torch.cat([run.embed_codes(codes[-1])[:, None].to(left.dtype), left[:, :-1]], dim=1)  # e(x-1) first
+            q = run.probs(heads.draft_step(context[:, x], left).to(h_next.dtype))  # [B, K]
+            codes.append(run.sample(q))
+            qs.append(q)
+        return torch.stack(codes, dim=1), torch.stack(qs, dim=1)
 
     def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, rounds: RoundCounter, commit: bool):
         """Verification rounds, then the commit pass. Returns the final codes, each cell's final round
