@@ -127,6 +127,15 @@ def test_cli_runs_on_one_process(tmp_path):
     assert DraftHeads.from_pretrained(tmp_path / "heads").config.base_model == "ssd-pipelines/tiny-random"
 
 
+def test_cli_trains_an_in_row_drafter_on_the_kl_loss(tmp_path):
+    options = ("--vertical", "1", "--vertical-drafter", "inrow", "--left-codes", "3", "--row-kernel", "3")
+    main(_tiny_cli(tmp_path, PROMPTS, *options, "--loss", "kl", "--guidance", "2", "--steps", "4", "--log-every", "1"))
+    log = json.loads((tmp_path / "heads" / "distill_log.json").read_text())
+    assert log["config"]["loss"] == "kl" and len(log["loss"]) == 4
+    config = DraftHeads.from_pretrained(tmp_path / "heads").config
+    assert (config.vertical_drafter, config.left_codes, config.row_kernel) == ("inrow", 3, 3)
+
+
 def test_cli_loads_a_saved_backbone_folder(tmp_path):
     tiny_llama(rows=3, cols=4, codebook_size=8).save_pretrained(tmp_path / "model" / "backbone")
     tiny_tokenizer().save_pretrained(tmp_path / "model" / "tokenizer")

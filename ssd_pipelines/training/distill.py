@@ -53,14 +53,14 @@ from ..backbones.base import ImageBackbone
 from ..heads import DraftHeads
 from ..sampling import SamplingConfig
 from .distill_data import collect, shard_folder
-from .head_loss import check_offsets
+from .head_loss import LOSSES, check_offsets
 from .head_training import train_heads
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ssd_pipelines.training.distill",
-        description="Distil drafting heads from a frozen backbone: AR generation, then Smooth L1 training. "
+        description="Distil drafting heads from a frozen backbone: AR generation, then training on it (--loss). "
         "Runs on one process, or split across processes under `accelerate launch` (several CPU processes: "
         "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m ssd_pipelines.training.distill ...).",
     )
@@ -84,6 +84,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--horizontal", type=int, default=5, help="number of horizontal heads, offsets (0, 1..k)")
     p.add_argument("--vertical", type=int, default=2, help="number of vertical heads, offsets (1..k, 0)")
     p.add_argument("--intermediate-size", type=int, default=None, help="SwiGLU width (default: 2 x hidden size)")
+    p.add_argument(
+        "--vertical-drafter",
+        choices=("cell", "row", "inrow"),
+        default="cell",
+        help="cell: the paper's per-cell head; row: reads a neighbourhood of the row above; inrow: also the codes "
+        "drafted to its left, sampled left to right (row and inrow: --vertical 1)",
+    )
+    p.add_argument("--row-kernel", type=int, default=5, help="row and inrow: cells of the row above each draft reads")
+    p.add_argument("--left-codes", type=int, default=2, help="inrow: codes to the left each draft reads")
+    p.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default="smooth_l1",
+        help="smooth_l1: the paper's, on hidden states; kl: KL(p || q) of the verifier's guided distributions; "
+        "kl+smooth_l1: both; tv: total variation, 1 - acceptance",
+    )
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=16, help="images per training step, per process")
@@ -116,6 +132,9 @@ def _new_heads(backbone: ImageBackbone, args: argparse.Namespace) -> DraftHeads:
         vertical_offsets=tuple(range(1, args.vertical + 1)),
         intermediate_size=args.intermediate_size,
         base_model=args.base_model or (args.model or "ssd-pipelines/tiny-random"),
+        vertical_drafter=args.vertical_drafter,
+        row_kernel=args.row_kernel,
+        left_codes=args.left_codes,
     )
 
 
@@ -212,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         args.log_every,
         args.schedule,
         args.seed,
+        args.loss,
+        # the distribution the verifier draws from, as guided as the data; a temperature of 1 where it was greedy
+        SamplingConfig(args.temperature or 1.0, args.top_k, args.top_p, args.guidance),
     )
     process = {
         "process_index": accelerator.process_index,
