@@ -39,7 +39,7 @@ class Published:
             return Emu3Backbone(self.model, self.tokenizer, image_size=size)
         return LuminaMGPTBackbone(self.model, self.tokenizer, self.vqvae, image_size=size)
 
-    def heads(self, base_model: str, seed: int = 1) -> DraftHeads:
+    def heads(self, base_model: str, seed: int = 1, drafter: str = "cell") -> DraftHeads:
         torch.manual_seed(seed)
         adapter = self.adapter()
         return DraftHeads(
@@ -47,8 +47,9 @@ class Published:
             embed_size=adapter.embed_size,
             codebook_size=adapter.grid.codebook_size,
             horizontal_offsets=(1, 2, 3),
-            vertical_offsets=(1, 2),
+            vertical_offsets=(1, 2) if drafter == "cell" else (1,),
             base_model=base_model,
+            vertical_drafter=drafter,
         ).eval()
 
     def pipeline(self, heads: DraftHeads | None = None) -> SSDAutoregressivePipeline:
@@ -104,14 +105,21 @@ def test_ssd_with_random_heads_draws_images_through_the_real_vq_decoder(publishe
     torch.testing.assert_close(out.images, pipe.decode_codes(out.codes, output_type="pt"))
 
 
-def test_head_distillation_lowers_the_loss(published):
+@pytest.mark.parametrize("drafter, loss", [("cell", "smooth_l1"), ("inrow", "kl")])
+def test_head_distillation_lowers_the_loss(published, drafter, loss):
+    """The paper's head on its loss, and the in-row drafter on the verifier's distribution (the backbone's own
+    output head: Janus-Pro's generation head, Emu3's and Lumina-mGPT's code logits)."""
     adapter = published.adapter()
-    data = collect(adapter, PROMPTS, SamplingConfig(guidance_scale=2.0), images_per_prompt=4, seed=0)
+    sampling = SamplingConfig(guidance_scale=2.0)
+    data = collect(adapter, PROMPTS, sampling, images_per_prompt=4, seed=0)
     grid = adapter.grid
     assert data.hidden.shape == (8, 2, grid.rows, grid.cols, adapter.hidden_size)
-    heads = published.heads("tests", seed=2)
-    log = train_heads(heads, adapter, data, steps=20, lr=1e-2, batch_size=8, accelerator=Accelerator(cpu=True))
+    heads = published.heads("tests", seed=2, drafter=drafter)
+    log = train_heads(heads, adapter, data, 20, 1e-2, 8, Accelerator(cpu=True), loss=loss, sampling=sampling)
     assert log["loss"][-1][1] < 0.8 * log["loss"][0][1]
+    if drafter == "inrow":
+        out = run(published.pipeline(heads), published, decoding="ssd", vertical_rows=1)
+        assert out.codes.shape[1:] == (grid.rows, grid.cols) and out.stats["acceptance_per_round"]
 
 
 def test_from_pretrained_on_the_saved_checkpoint_and_pipeline(published, tmp_path):

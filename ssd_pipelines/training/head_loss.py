@@ -56,7 +56,10 @@ class HeadLosses(nn.Module):
         if loss != "smooth_l1" and (backbone is None or sampling is None):
             raise ValueError(f"loss {loss!r} compares distributions: pass the backbone and the sampling config.")
         self.heads, self.loss, self.backbone, self.sampling = heads, loss, backbone, sampling
-        self.backbone_dtype = None if backbone is None else backbone.embed_token(0).dtype  # its weights' dtype
+        self.backbone_dtype = None  # the dtype its output head computes in, read from a code's embedding
+        if loss != "smooth_l1":
+            code = torch.zeros(1, dtype=torch.long, device=backbone.device)
+            self.backbone_dtype = backbone.embed_codes(code).dtype
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """hidden [b, S, R, C, d], embeds [b, R, C, d_e] -> loss of each head [n_heads], over every cell with a target."""
