@@ -181,6 +181,11 @@ out.images[0].save("fox.png")
 | offsets | horizontal (0, +1) .. (0, +5), vertical (+1, 0), (+2, 0) |
 | sizes | hidden {hidden} + code embedding {hidden} -> {hidden}, SwiGLU {intermediate}, codebook {codebook} |
 | parameters | {parameters:.2f} B (7 heads) |
+| drafter | per-cell, the paper's (`vertical_drafter="cell"`) |
+
+The row-context and in-row drafters (`--vertical 1 --vertical-drafter row` or `inrow`, with `--loss kl`;
+docs/decoding.md, "Drafters that see their row") train with the same command. Which one these heads will
+use is decided on the reference model's ablation (`ssd-bench drafters`) before any weights are trained.
 
 ## Training
 
