@@ -52,9 +52,12 @@ RECORDER = """() => {
   const status = document.querySelector('#status');
   new MutationObserver(() => mark('status ' + status.innerText.trim()))
     .observe(status, {subtree: true, childList: true, characterData: true});
-  for (const id of ['preview', 'images']) {
-    document.querySelector('#' + id).addEventListener('load', () => mark(id), {capture: true});
-  }
+  // On the document, not on the components: Gradio may mount a component's element anew during a run.
+  document.addEventListener('load', (event) => {
+    for (const id of ['preview', 'images']) {
+      if (event.target.closest && event.target.closest('#' + id)) mark(id);
+    }
+  }, {capture: true});
 }"""
 
 
