@@ -11,7 +11,7 @@ predicts cell (y, x); e is the input embedding of the code chosen there. The
 draft distribution comes from the backbone's own norm and output head applied to
 h_hat, so the heads never predict token ids directly.
 
-The vertical drafter of offset (+1, 0) comes in three kinds (`vertical_drafter`):
+The vertical drafter of offset (+1, 0) comes in four kinds (`vertical_drafter`):
 
     "cell"   the per-cell head above (the paper's, the default)
     "row"    x = Conv1d over [h; e] of (y, x-k..x+k) of the committed row above (zero padding at the row
@@ -19,6 +19,10 @@ The vertical drafter of offset (+1, 0) comes in three kinds (`vertical_drafter`)
     "inrow"  x = the same convolution + W_left [e(y+1, x-1); ...; e(y+1, x-L)] (a learned start vector for
              each x - j that falls off the row's left end), then x + SwiGLU(RMSNorm(x)): the row is drafted
              left to right, each cell reading the codes drafted to its left (`row_context`, `draft_step`)
+    "recurrent"  "inrow" + W_state s(y+1, x-1), s the state predicting the cell to its left: at inference the
+             drafter's own h_hat there (the backbone's true state where it has one, as for the row's first cell
+             in block ssd), so each draft carries what the row drafted so far (EAGLE's feature recurrence);
+             trained unrolled along the row, each step on its own previous output (EAGLE-3's training-time test)
 
 Horizontal heads are per-cell in every kind.
 
@@ -54,23 +58,34 @@ class DraftHead(nn.Module):
         return x + self.down(F.silu(self.gate(n)) * self.up(n))
 
 
-VERTICAL_DRAFTERS = ("cell", "row", "inrow")
-"""The kinds of vertical drafter: per cell (the paper's), row context, row context + in-row dependence."""
+VERTICAL_DRAFTERS = ("cell", "row", "inrow", "recurrent")
+"""The kinds of vertical drafter: per cell (the paper's), row context, row context + in-row dependence, and that
++ the drafter's own state at the cell to the left."""
 
 
 class RowDraftHead(nn.Module):
-    """The row drafters of offset (+1, 0): x = conv(row above)[x] (+ W_left [e(x-1); ...; e(x-L)] if in-row),
-    then x + SwiGLU(RMSNorm(x)). left_codes = 0 is the "row" kind, > 0 the "inrow" kind."""
+    """The row drafters of offset (+1, 0): x = conv(row above)[x] (+ W_left [e(x-1); ...; e(x-L)] if in-row)
+    (+ W_state s(x-1) if it reads the left state), then x + SwiGLU(RMSNorm(x)). left_codes = 0 is the "row"
+    kind, > 0 the "inrow" kind, and with left_state the "recurrent" kind."""
 
     def __init__(
-        self, hidden_size: int, embed_size: int, intermediate_size: int, kernel: int, left_codes: int, eps=1e-6
+        self,
+        hidden_size: int,
+        embed_size: int,
+        intermediate_size: int,
+        kernel: int,
+        left_codes: int,
+        left_state: bool = False,
+        eps=1e-6,
     ):
         super().__init__()
-        self.kernel, self.left_codes = kernel, left_codes
+        self.kernel, self.left_codes, self.reads_state = kernel, left_codes, left_state
         self.conv = nn.Conv1d(hidden_size + embed_size, hidden_size, kernel, padding=kernel // 2, bias=False)
         if left_codes:
             self.left = nn.Linear(left_codes * embed_size, hidden_size, bias=False)  # W_left
             self.start = nn.Parameter(torch.zeros(left_codes, embed_size))  # e where x - j is off the row, j = 1..L
+        if left_state:
+            self.state = nn.Linear(hidden_size, hidden_size, bias=False)  # W_state; s = 0 left of the row
         self.norm = nn.RMSNorm(hidden_size, eps=eps)
         self.gate = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up = nn.Linear(hidden_size, intermediate_size, bias=False)
@@ -102,8 +117,18 @@ class RowDraftHead(nn.Module):
         """left [..., L, d_e] with the start vectors wherever off_row [..., L] is True."""
         return torch.where(off_row[..., None], self.start.to(left.dtype), left)
 
-    def step(self, context: torch.Tensor, left: torch.Tensor | None) -> torch.Tensor:
-        """context [..., d_h], left [..., L, d_e] (e(x-1) first; None for "row") -> h_hat [..., d_h]."""
+    def step(self, context: torch.Tensor, left: torch.Tensor | None, state: torch.Tensor | None = None) -> torch.Tensor:
+        """context [..., d_h], left [..., L, d_e] (e(x-1) first; None for "row"), state [..., d_h] (the state
+        predicting the cell to the left, zeros at x = 0; "recurrent" only) -> h_hat [..., d_h]."""
+        if self.reads_state:
+            if state is None:
+                raise ValueError(
+                    "a 'recurrent' drafter reads the state predicting the cell to its left (its own draft there, or "
+                    "the backbone's; zeros at the row's first cell): pass left_state [..., d_h]."
+                )
+            context = context + self.state(state.to(context.dtype))
+        elif state is not None:
+            raise ValueError("only a 'recurrent' drafter reads the state to a cell's left: pass left_state=None.")
         if self.left_codes:
             if left is None or left.shape[-2] != self.left_codes:
                 raise ValueError(
@@ -116,8 +141,17 @@ class RowDraftHead(nn.Module):
             raise ValueError("a 'row' drafter reads no codes to a cell's left: pass left_embeds=None.")
         return self.refine(context)
 
-    def teacher_forced(self, hidden: torch.Tensor, embeds: torch.Tensor, row_embeds: torch.Tensor) -> torch.Tensor:
-        """Every cell of the row below at once, cell x reading row_embeds at x-1..x-L: [..., C, d] -> [..., C, d_h]."""
+    def teacher_forced(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        row_embeds: torch.Tensor,
+        first_state: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Every cell of the row below, cell x reading row_embeds at x-1..x-L: [..., C, d] -> [..., C, d_h].
+
+        "recurrent": unrolled left to right, cell 0 reading a zero state, cell 1 first_state [..., d_h] (the true
+        state predicting cell 0, which block ssd has), every later cell the step's own output at x - 1."""
         context = self.context(hidden, embeds)
         if not self.left_codes:
             return self.refine(context)
@@ -128,7 +162,16 @@ class RowDraftHead(nn.Module):
             off = min(j, cols)
             start = self.start[j - 1].to(context.dtype).expand(*row_embeds.shape[:-2], off, row_embeds.shape[-1])
             shifted.append(torch.cat([start, row_embeds[..., : cols - off, :]], dim=-2))
-        return self.step(context, torch.stack(shifted, dim=-2))  # left: [..., C, L, d_e]
+        left = torch.stack(shifted, dim=-2)  # [..., C, L, d_e]
+        if not self.reads_state:
+            return self.step(context, left)
+        if first_state is None:
+            raise ValueError("a 'recurrent' drafter is unrolled from the true state predicting cell 0: pass it.")
+        state, drafted = torch.zeros_like(context[..., 0, :]), []
+        for x in range(cols):
+            drafted.append(self.step(context[..., x, :], left[..., x, :, :], state))
+            state = first_state.to(context.dtype) if x == 0 else drafted[-1]
+        return torch.stack(drafted, dim=-2)
 
 
 class DraftHeads(ModelMixin, ConfigMixin):
@@ -138,8 +181,9 @@ class DraftHeads(ModelMixin, ConfigMixin):
     from contiguous offsets, so a gap would leave a cell without a head.
 
     vertical_drafter: "cell" (one per-cell head per vertical offset, the paper's), "row" (the row above through
-    a Conv1d of width row_kernel) or "inrow" (that, plus the left_codes codes drafted to each cell's left: the
-    row is drafted left to right). "row" and "inrow" have one vertical offset, (1,); "row" ignores left_codes.
+    a Conv1d of width row_kernel), "inrow" (that, plus the left_codes codes drafted to each cell's left: the
+    row is drafted left to right) or "recurrent" (that, plus the state predicting the cell to the left). The row
+    kinds have one vertical offset, (1,); "row" ignores left_codes.
     """
 
     config_name = "config.json"
@@ -174,8 +218,11 @@ class DraftHeads(ModelMixin, ConfigMixin):
                 DraftHead(hidden_size, embed_size, intermediate_size) for _ in vertical_offsets
             )
         else:
-            left = left_codes if vertical_drafter == "inrow" else 0
-            self.vertical = nn.ModuleList([RowDraftHead(hidden_size, embed_size, intermediate_size, row_kernel, left)])
+            left = 0 if vertical_drafter == "row" else left_codes
+            state = vertical_drafter == "recurrent"
+            self.vertical = nn.ModuleList(
+                [RowDraftHead(hidden_size, embed_size, intermediate_size, row_kernel, left, state)]
+            )
 
     @property
     def max_horizontal(self) -> int:
@@ -187,13 +234,19 @@ class DraftHeads(ModelMixin, ConfigMixin):
 
     @property
     def drafter(self) -> str:
-        """The kind of vertical drafter: "cell", "row" or "inrow" (heads saved before the kinds existed: "cell")."""
+        """The kind of vertical drafter: "cell", "row", "inrow" or "recurrent" (heads saved before the kinds
+        existed: "cell")."""
         return self.config.vertical_drafter
 
     @property
     def in_row(self) -> bool:
         """Whether the vertical drafter reads the codes to a cell's left (a row is then drafted left to right)."""
-        return self.drafter == "inrow"
+        return self.drafter in ("inrow", "recurrent")
+
+    @property
+    def reads_left_state(self) -> bool:
+        """Whether it also reads the state predicting the cell to the left ("recurrent")."""
+        return self.drafter == "recurrent"
 
     def draft_right(self, hidden: torch.Tensor, embeds: torch.Tensor, count: int) -> torch.Tensor:
         """Hidden states of the `count` cells right of one cell. [B, d_h], [B, d_e] -> [B, count, d_h]."""
@@ -202,14 +255,14 @@ class DraftHeads(ModelMixin, ConfigMixin):
     def draft_below(self, hidden: torch.Tensor, embeds: torch.Tensor, rows: int) -> torch.Tensor:
         """Hidden states of the `rows` rows below a committed row. [B, C, d_h], [B, C, d_e] -> [B, rows, C, d_h].
 
-        One parallel call for "cell" and "row" heads; an "inrow" drafter drafts left to right (`row_context`,
-        `draft_step`)."""
+        One parallel call for "cell" and "row" heads; an in-row drafter ("inrow", "recurrent") drafts left to
+        right (`row_context`, `draft_step`)."""
         if self.drafter == "cell":
             return self._run(self.vertical[:rows], hidden, embeds)
         if self.in_row:
             raise ValueError(
-                "an 'inrow' drafter drafts a row left to right, each cell from the codes drafted to its left: "
-                "call row_context once per row, then draft_step cell by cell."
+                f"an {self.drafter!r} drafter drafts a row left to right, each cell from the codes drafted to its "
+                "left: call row_context once per row, then draft_step cell by cell."
             )
         if rows != 1:
             raise ValueError(f"a 'row' drafter drafts the one row below (vertical offset 1): pass rows=1, not {rows}.")
@@ -218,7 +271,7 @@ class DraftHeads(ModelMixin, ConfigMixin):
         return head.refine(head.context(hidden.to(dtype), embeds.to(dtype)))[..., None, :, :].to(hidden.dtype)
 
     def row_context(self, hidden_above: torch.Tensor, embeds_above: torch.Tensor) -> torch.Tensor:
-        """ "row"/"inrow": the convolution over the committed row above, once per row. [B', C, d_h], [B', C, d_e]
+        """The row kinds: the convolution over the committed row above, once per row. [B', C, d_h], [B', C, d_e]
         -> [B', C, d_h], in the heads' dtype (pass it to `draft_step` as it is)."""
         head = self._row_head("row_context")
         return head.context(hidden_above.to(head.dtype), embeds_above.to(head.dtype))
@@ -230,42 +283,61 @@ class DraftHeads(ModelMixin, ConfigMixin):
         return head.context_at(hidden_near.to(head.dtype), embeds_near.to(head.dtype))
 
     def start_embeds(self, left_embeds: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
-        """ "inrow": left_embeds [..., left_codes, d_e] (e(x-1) first) with the learned start vector j wherever
+        """In-row kinds: left_embeds [..., left_codes, d_e] (e(x-1) first) with the learned start vector j wherever
         x - j falls off the row's left end (off_row [..., left_codes] True)."""
         head = self._row_head("start_embeds", in_row=True)
         return head.with_start(left_embeds.to(head.dtype), off_row)
 
-    def draft_step(self, context_x: torch.Tensor, left_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """One cell of the row below: context_x [B', d_h] (its column of `row_context`), and for "inrow" the
+    def draft_step(
+        self,
+        context_x: torch.Tensor,
+        left_embeds: torch.Tensor | None = None,
+        left_state: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One cell of the row below: context_x [B', d_h] (its column of `row_context`), for the in-row kinds the
         embeddings of the codes to its left, left_embeds [B', left_codes, d_e] (e(x-1) first, start vectors where
-        off the row; see `start_embeds`) -> h_hat [B', d_h], in the heads' dtype. "row": left_embeds=None."""
+        off the row; see `start_embeds`), and for "recurrent" left_state [B', d_h], the state predicting the cell
+        to its left (the drafter's own output there, or the backbone's state where it has one; zeros at x = 0)
+        -> h_hat [B', d_h], in the heads' dtype. "row": left_embeds=None."""
         head = self._row_head("draft_step")
-        return head.step(context_x.to(head.dtype), None if left_embeds is None else left_embeds.to(head.dtype))
+        dtype = head.dtype
+        return head.step(
+            context_x.to(dtype),
+            None if left_embeds is None else left_embeds.to(dtype),
+            None if left_state is None else left_state.to(dtype),
+        )
 
     def draft_below_teacher_forced(
-        self, hidden_above: torch.Tensor, embeds_above: torch.Tensor, row_embeds: torch.Tensor
+        self,
+        hidden_above: torch.Tensor,
+        embeds_above: torch.Tensor,
+        row_embeds: torch.Tensor,
+        row_hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Training: the row below of every row above at once. hidden_above [..., C, d_h], embeds_above
         [..., C, d_e], row_embeds [..., C, d_e] the embeddings of the drafted row's true codes (cell x reads
-        x-1..x-left_codes of them, start vectors off the row; only "inrow" reads them) -> [..., C, d_h].
+        x-1..x-left_codes of them, start vectors off the row; only the in-row kinds read them), row_hidden
+        [..., C, d_h] the drafted row's true states (only "recurrent" reads one: column 0's, the state its cell 1
+        starts from; its later cells read the drafter's own outputs, unrolled) -> [..., C, d_h].
 
-        Cell x gives what `draft_step` gives with the same codes to its left. Works for every kind ("cell": the
-        offset-1 head)."""
+        Cell x gives what `draft_step` gives with the same codes (and states) to its left. Works for every kind
+        ("cell": the offset-1 head)."""
         dtype = self.dtype
         hidden, embeds = hidden_above.to(dtype), embeds_above.to(dtype)
         head = self.vertical[0]
         if self.drafter == "cell":
             out = head(hidden, embeds)
         else:
-            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype))
+            first_state = None if row_hidden is None or not self.reads_left_state else row_hidden[..., 0, :].to(dtype)
+            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype), first_state)
         return out.to(hidden_above.dtype)
 
     def _row_head(self, method: str, in_row: bool = False) -> RowDraftHead:
         if self.drafter == "cell" or (in_row and not self.in_row):
-            kinds = "'inrow'" if in_row else "'row' and 'inrow'"
+            kinds = "'inrow' and 'recurrent'" if in_row else "'row', 'inrow' and 'recurrent'"
             raise ValueError(
                 f"{method} is for {kinds} vertical drafters; these heads have vertical_drafter={self.drafter!r}"
-                + (": use draft_below." if self.drafter != "inrow" else ".")
+                + (": use draft_below." if not self.in_row else ".")
             )
         return self.vertical[0]
 
@@ -297,7 +369,7 @@ def check_vertical_drafter(drafter, row_kernel, left_codes, vertical_offsets) ->
     if drafter not in VERTICAL_DRAFTERS:
         raise ValueError(
             f"vertical_drafter must be one of {', '.join(map(repr, VERTICAL_DRAFTERS))} (per cell, the paper's; "
-            f"row context; row context + the codes to the left), got {drafter!r}."
+            f"row context; row context + the codes to the left; that + the state to the left), got {drafter!r}."
         )
     if isinstance(row_kernel, bool) or not isinstance(row_kernel, int) or row_kernel < 1 or row_kernel % 2 == 0:
         raise ValueError(
@@ -306,7 +378,7 @@ def check_vertical_drafter(drafter, row_kernel, left_codes, vertical_offsets) ->
         )
     if isinstance(left_codes, bool) or not isinstance(left_codes, int) or left_codes < 1:
         raise ValueError(
-            f"left_codes must be a positive integer (how many codes to its left an 'inrow' drafter reads), "
+            f"left_codes must be a positive integer (how many codes to its left an in-row drafter reads), "
             f"got {left_codes!r}."
         )
     if drafter != "cell" and list(vertical_offsets) != [1]:

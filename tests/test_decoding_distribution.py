@@ -93,17 +93,17 @@ def test_ssd_converges_with_rounds():
 
 
 def row_setup(drafter, **grid):
-    """The toy backbone with "row" or "inrow" heads (kernel 3, so that the row's ends are padded). An "inrow"
-    drafter's W_left is scaled up, so that its drafts depend strongly on the codes drawn to their left."""
+    """The toy backbone with "row", "inrow" or "recurrent" heads (kernel 3, so that the row's ends are padded). An
+    in-row drafter's W_left is scaled up, so that its drafts depend strongly on the codes drawn to their left."""
     backbone, _ = toy_setup(**grid)
     heads = tiny_heads(backbone, horizontal=(1, 2, 3, 4, 5), drafter=drafter, row_kernel=3)
-    if drafter == "inrow":
+    if drafter in ("inrow", "recurrent"):
         with torch.no_grad():
             heads.vertical[0].left.weight.mul_(8)
     return backbone, heads
 
 
-@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 @pytest.mark.parametrize(
     "strategy, grid",
     [

@@ -1,4 +1,4 @@
-"""Row drafters ("row", "inrow") in block `ssd` and on the frontier engine; the per-cell heads decode as before."""
+"""Row drafters ("row", "inrow", "recurrent") in block `ssd` and on the frontier engine; the per-cell heads decode as before."""
 
 import json
 
@@ -67,7 +67,7 @@ def test_old_per_cell_heads_folder_decodes_as_before(tmp_path):
             assert decode_pipe(pipe, decoding, options) == expected, (decoding, options)
 
 
-@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 @pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["no-cfg", "cfg"])
 @pytest.mark.parametrize(
     "strategy",
@@ -90,7 +90,7 @@ def test_greedy_with_row_drafters_equals_ar_greedy(drafter, guidance, strategy):
     assert out.stats.forward_passes < ar.stats.forward_passes
 
 
-@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 def test_row_drafters_draft_one_row(drafter):
     heads = tiny_heads(tiny_backbone(rows=4, cols=5, codebook_size=8), drafter=drafter)
     with pytest.raises(ValueError, match=rf"'{drafter}' vertical drafter drafts one row .*pass vertical_rows=1, not 2"):
@@ -101,11 +101,13 @@ def test_row_drafters_draft_one_row(drafter):
         pipe("a", decoding="ssd", vertical_rows=2, output_type="latent")
 
 
-def test_block_ssd_drafts_a_row_left_to_right_from_the_codes_drawn():
-    """Block ssd with "inrow" heads: the first cell's q is its exact distribution, every other cell's q is the
-    teacher-forced draft from the codes drawn to its left (the ones returned): the q each code was drawn from."""
+@pytest.mark.parametrize("drafter", ["inrow", "recurrent"])
+def test_block_ssd_drafts_a_row_left_to_right_from_the_codes_drawn(drafter):
+    """Block ssd with in-row heads: the first cell's q is its exact distribution, every other cell's q is the
+    teacher-forced draft from the codes drawn to its left (the ones returned): the q each code was drawn from.
+    "recurrent" is unrolled from the true state predicting the first cell, h_next, as training unrolls it."""
     backbone = tiny_backbone(rows=3, cols=6, codebook_size=8)
-    heads = tiny_heads(backbone, drafter="inrow")
+    heads = tiny_heads(backbone, drafter=drafter)
     sampling = SamplingConfig(temperature=1.0, guidance_scale=3.0)
     strategy = SSDDecoding(heads, verify_rounds=1)
     seen = []
@@ -122,23 +124,25 @@ def test_block_ssd_drafts_a_row_left_to_right_from_the_codes_drawn():
         strategy.decode(backbone, prompts, sampling, generator=torch.Generator().manual_seed(3))
     assert len(seen) == 2  # rows 1 and 2
     for run, h_next, row_hidden, row_embeds, codes, q in seen:
-        forced = heads.draft_below_teacher_forced(row_hidden, row_embeds, run.embed_codes(codes))
+        state = torch.cat([h_next[:, None], torch.randn_like(row_hidden[:, 1:])], dim=1)  # only column 0 is read
+        forced = heads.draft_below_teacher_forced(row_hidden, row_embeds, run.embed_codes(codes), state)
         torch.testing.assert_close(q[:, 0], run.probs(h_next))
         torch.testing.assert_close(q[:, 1:], run.probs(forced[:, 1:]))
 
 
-@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 @pytest.mark.parametrize("window", [4, 8, 20])
 def test_the_frontier_drafts_from_the_row_above_and_left_to_right(monkeypatch, drafter, window):
     """Every cell the frontier drafts below the first row: the cells of the row above within the kernel have codes,
-    for "inrow" so do the cells to its left, and its q is the teacher-forced draft from those codes."""
+    for the in-row kinds so do the cells to its left, and its q is the teacher-forced draft from those codes
+    ("recurrent": and from the latest state of the cell to its left, zeros at the row's start)."""
     backbone = tiny_backbone(rows=4, cols=5, codebook_size=8)
     heads = tiny_heads(backbone, drafter=drafter, row_kernel=3)
     cols, checked = 5, []
 
     class Recording(exact_module.FrontierRun):
         def _take_drafts(self, b, c, drafted):
-            codes_before = self.run.codes.clone()
+            codes_before, hidden_before = self.run.codes.clone(), self.hidden.clone()
             super()._take_drafts(b, c, drafted)
             for image, cell in zip(b.tolist(), c.tolist()):
                 if cell < cols:
@@ -146,15 +150,22 @@ def test_the_frontier_drafts_from_the_row_above_and_left_to_right(monkeypatch, d
                 y, x = divmod(cell, cols)
                 above = range((y - 1) * cols, y * cols)
                 assert all(codes_before[image, a] >= 0 for a in above if abs(a % cols - x) <= 1)
-                if drafter == "inrow":
+                if drafter != "row":
                     assert all(codes_before[image, y * cols + j] >= 0 for j in range(max(0, x - 2), x))
                     assert codes_before[image, cell] < 0
                 rows = self._branch_rows(torch.tensor([image]))
                 hidden = self.hidden[rows][:, (y - 1) * cols : y * cols]
                 codes = codes_before[image, (y - 1) * cols : (y + 1) * cols].clamp_min(0)  # outside: unread
                 embeds = self.run.embed_codes(codes[None])
-                forced = heads.draft_below_teacher_forced(hidden, embeds[:, :cols], embeds[:, cols:])
-                q = self.run.probs(forced[:, x])
+                if drafter == "recurrent":  # one step, from the state the frontier holds left of the cell
+                    context = heads.row_context(hidden, embeds[:, :cols])[:, x]
+                    columns = torch.arange(x - 1, x - 3, -1)
+                    left = heads.start_embeds(embeds[:, cols + columns.clamp_min(0)], (columns < 0).expand(2, -1))
+                    state = hidden_before[rows][:, cell - 1] if x > 0 else torch.zeros_like(context)
+                    q = self.run.probs(heads.draft_step(context, left, state)[:, None])[:, 0]
+                else:
+                    forced = heads.draft_below_teacher_forced(hidden, embeds[:, :cols], embeds[:, cols:])
+                    q = self.run.probs(forced[:, x])
                 torch.testing.assert_close(self.q[image, cell % self.ring], q[0], rtol=1e-4, atol=1e-5)
                 checked.append(cell)
 

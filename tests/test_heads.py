@@ -50,7 +50,8 @@ def test_offsets_must_be_contiguous_from_one():
         DraftHeads(hidden_size=8, embed_size=8, codebook_size=4, vertical_offsets=())
 
 
-# The row drafters: "row" (row context) and "inrow" (row context + the codes drafted to the left).
+# The row drafters: "row" (row context), "inrow" (row context + the codes drafted to the left) and "recurrent"
+# ("inrow" + the state predicting the cell to the left).
 
 
 def row_heads(drafter, seed=3, **kwargs):
@@ -78,7 +79,10 @@ def randomise(heads, seed=4):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"vertical_drafter": "rows"}, r"vertical_drafter must be one of 'cell', 'row', 'inrow'.*got 'rows'"),
+        (
+            {"vertical_drafter": "rows"},
+            r"vertical_drafter must be one of 'cell', 'row', 'inrow', 'recurrent'.*got 'rows'",
+        ),
         ({"vertical_drafter": "row", "row_kernel": 4}, r"row_kernel must be an odd positive integer.*got 4"),
         ({"vertical_drafter": "row", "row_kernel": 0}, r"row_kernel must be an odd positive integer.*got 0"),
         ({"vertical_drafter": "inrow", "left_codes": 0}, r"left_codes must be a positive integer.*got 0"),
@@ -95,7 +99,9 @@ def test_bad_drafter_settings_say_what_to_pass(kwargs, message):
 def test_the_per_cell_drafter_is_the_default_and_has_no_row_api(heads):
     assert heads.config.vertical_drafter == "cell" and heads.drafter == "cell" and not heads.in_row
     assert heads.config.row_kernel == 5 and heads.config.left_codes == 2
-    with pytest.raises(ValueError, match="draft_step is for 'row' and 'inrow' vertical drafters.*use draft_below"):
+    with pytest.raises(
+        ValueError, match="draft_step is for 'row', 'inrow' and 'recurrent' vertical drafters.*use draft_below"
+    ):
         heads.draft_step(torch.randn(2, 32))
     with pytest.raises(ValueError, match="start_embeds is for 'inrow'"):
         row_heads("row").start_embeds(torch.randn(2, 2, 12), torch.ones(2, 2, dtype=torch.bool))
@@ -113,7 +119,7 @@ def test_old_heads_folder_without_the_new_keys_loads_as_per_cell(heads, tmp_path
     torch.testing.assert_close(loaded.draft_below(h, e, 2), heads.draft_below(h, e, 2), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("drafter", ["row", "inrow"])
+@pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 def test_row_drafters_save_and_load_round_trip(drafter, tmp_path):
     heads = randomise(row_heads(drafter, row_kernel=3, left_codes=3))
     heads.save_pretrained(tmp_path)
@@ -124,9 +130,15 @@ def test_row_drafters_save_and_load_round_trip(drafter, tmp_path):
     assert loaded.drafter == drafter and loaded.config.row_kernel == 3 and loaded.config.left_codes == 3
     for name, tensor in heads.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
-    hidden, embeds, row = torch.randn(2, 7, 16), torch.randn(2, 7, 12), torch.randn(2, 7, 12)
+    hidden, embeds, row, state = (
+        torch.randn(2, 7, 16),
+        torch.randn(2, 7, 12),
+        torch.randn(2, 7, 12),
+        torch.randn(2, 7, 16),
+    )
     assert torch.equal(
-        loaded.draft_below_teacher_forced(hidden, embeds, row), heads.draft_below_teacher_forced(hidden, embeds, row)
+        loaded.draft_below_teacher_forced(hidden, embeds, row, state),
+        heads.draft_below_teacher_forced(hidden, embeds, row, state),
     )
 
 
@@ -210,3 +222,33 @@ def test_inrow_draft_depends_on_the_code_to_its_left_with_set_weights():
     torch.testing.assert_close(drafts, 5 * embeds)
     q = torch.softmax(backbone.code_logits(drafts), -1)  # [8 codes at x - 1, K]
     assert (q[:, None] - q[None]).abs().sum(-1).add(torch.eye(8) * 9).min() > 1e-3  # every code, its own q
+
+
+def test_recurrent_unrolled_equals_stepwise_from_its_own_outputs():
+    """The unrolled training row is what decoding runs: cell 0 reads a zero state, cell 1 the true state predicting
+    cell 0, each later cell the drafter's own output to its left; the state is read (another first state changes
+    every cell after cell 0), and a missing state is refused."""
+    heads = randomise(row_heads("recurrent", left_codes=2))
+    cols = 6
+    hidden, embeds, row = torch.randn(3, cols, 16), torch.randn(3, cols, 12), torch.randn(3, cols, 12)
+    states = torch.randn(3, cols, 16)
+    forced = heads.draft_below_teacher_forced(hidden, embeds, row, states)
+    context = heads.row_context(hidden, embeds)
+    state = torch.zeros(3, 16)
+    for x in range(cols):
+        columns = torch.arange(x - 1, x - 3, -1)
+        left = heads.start_embeds(row[:, columns.clamp_min(0)], (columns < 0).expand(3, -1))
+        stepped = heads.draft_step(context[:, x], left, state)
+        torch.testing.assert_close(forced[:, x], stepped)
+        state = states[:, 0] if x == 0 else stepped
+    other = heads.draft_below_teacher_forced(hidden, embeds, row, states.roll(1, dims=0))
+    torch.testing.assert_close(other[:, 0], forced[:, 0], rtol=0, atol=0)
+    assert not torch.allclose(other[:, 1:], forced[:, 1:])
+    torch.testing.assert_close(  # only column 0 of the true states is read
+        heads.draft_below_teacher_forced(hidden, embeds, row, torch.cat([states[:, :1], states[:, 1:] * 0], 1)),
+        forced,
+    )
+    with pytest.raises(ValueError, match="reads the state predicting the cell to its left.*pass left_state"):
+        heads.draft_step(context[:, 1], left)
+    with pytest.raises(ValueError, match="only a 'recurrent' drafter reads the state"):
+        row_heads("inrow").draft_step(context[:, 1], left, state)

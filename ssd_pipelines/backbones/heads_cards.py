@@ -183,7 +183,7 @@ out.images[0].save("fox.png")
 | parameters | {parameters:.2f} B (7 heads) |
 | drafter | per-cell, the paper's (`vertical_drafter="cell"`) |
 
-The row-context and in-row drafters (`--vertical 1 --vertical-drafter row` or `inrow`, with `--loss kl`;
+The row-context and in-row drafters (`--vertical 1 --vertical-drafter row`, `inrow` or `recurrent`, with `--loss kl`;
 docs/decoding.md, "Drafters that see their row") train with the same command. Which one these heads will
 use is decided on the reference model's ablation (`ssd-bench drafters`) before any weights are trained.
 

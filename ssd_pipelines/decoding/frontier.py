@@ -23,7 +23,8 @@ each pass runs the W positions from `done` on:
    not), in the first row by the horizontal heads from the rightmost cell that
    has been through a pass. A "row" drafter waits for codes in the row above's
    cells x - k..x + k, an "inrow" one also for those left of it in its own row,
-   so its rows are drafted left to right over the bands. A code's q is always
+   so its rows are drafted left to right over the bands ("recurrent" also reads
+   the latest hidden state of the cell to its left, drafted or passed). A code's q is always
    the distribution it was drawn from, so every verification is a valid
    speculative step.
 
@@ -217,10 +218,13 @@ class FrontierRun:
         h = self.hidden[self._branch_rows(b)[:, None], self._both(near[can])]  # [B' / B * n, kernel, d]
         e = run.embed_codes(near_codes[can].clamp_min(0))
         context = heads.row_context_at(torch.where(on, h, 0), torch.where(on, e, 0))  # zero padding off the row
-        left = None
+        left = state = None
         if heads.in_row:
             left = heads.start_embeds(run.embed_codes(left_codes[can].clamp_min(0)), self._both(~left_on[can]))
-        self._take_drafts(b, c, heads.draft_step(context, left).to(h.dtype))
+        if heads.reads_left_state:  # the latest state predicting the cell to the left (drafted or passed); 0 at x = 0
+            state = self.hidden[self._branch_rows(b), self._both(c - 1).clamp_min(0)]
+            state = torch.where(self._both(column[can] > 0)[:, None], state, 0)
+        self._take_drafts(b, c, heads.draft_step(context, left, state).to(h.dtype))
         return True
 
     def _draft_right(self, batch, cells, missing) -> bool:

@@ -5,9 +5,11 @@ the first cell is sampled from the backbone's exact distribution, the horizontal
 heads draft the k_h cells right of it. Every later block is k_v whole rows,
 drafted at once by the vertical heads from the committed row above; its first
 cell, whose exact distribution is already known, is sampled from it (ours).
-With an "inrow" vertical drafter (heads.py) the row is one block drafted left to
+With an in-row vertical drafter (heads.py) the row is one block drafted left to
 right instead: each cell from the row above and the codes drawn to its left, the
-first cell's included, its q the distribution its code was drawn from.
+first cell's included ("recurrent": and the state predicting the cell to its left,
+the backbone's for the first cell, the drafts' own after it), its q the
+distribution its code was drawn from.
 
 A block is then verified in rounds. Each round is one backbone pass over the
 drafted block appended to the committed KV cache, giving the target p at every
@@ -165,11 +167,14 @@ class SSDDecoding(DecodingStrategy):
         batch, width = row_embeds.shape[0], heads.config.left_codes
         off_row = torch.ones(batch, width, dtype=torch.bool, device=row_embeds.device)  # at x = 0 every x - j is off
         left = heads.start_embeds(row_embeds.new_zeros(batch, width, row_embeds.shape[-1]), off_row)  # [B', L, d_e]
+        state = h_next if heads.reads_left_state else None  # "recurrent": cell 1 reads the true state of cell 0
         for x in range(1, cols):
             left = torch.cat([run.embed_codes(codes[-1])[:, None].to(left.dtype), left[:, :-1]], dim=1)  # e(x-1) first
-            q = run.probs(heads.draft_step(context[:, x], left).to(h_next.dtype))  # [B, K]
+            drafted = heads.draft_step(context[:, x], left, state)  # [B', d_h]
+            q = run.probs(drafted.to(h_next.dtype))  # [B, K]
             codes.append(run.sample(q))
             qs.append(q)
+            state = drafted if state is not None else None  # and each later cell the draft to its left
         return torch.stack(codes, dim=1), torch.stack(qs, dim=1)
 
     def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, rounds: RoundCounter, commit: bool):

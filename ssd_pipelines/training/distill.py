@@ -50,7 +50,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from ..backbones.base import ImageBackbone
-from ..heads import DraftHeads
+from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..sampling import SamplingConfig
 from .distill_data import collect, shard_folder
 from .head_loss import LOSSES, check_offsets
@@ -86,13 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate-size", type=int, default=None, help="SwiGLU width (default: 2 x hidden size)")
     p.add_argument(
         "--vertical-drafter",
-        choices=("cell", "row", "inrow"),
+        choices=VERTICAL_DRAFTERS,
         default="cell",
         help="cell: the paper's per-cell head; row: reads a neighbourhood of the row above; inrow: also the codes "
-        "drafted to its left, sampled left to right (row and inrow: --vertical 1)",
+        "drafted to its left, sampled left to right; recurrent: also the state predicting the cell to its left, "
+        "trained unrolled along the row (row kinds: --vertical 1)",
     )
     p.add_argument("--row-kernel", type=int, default=5, help="row and inrow: cells of the row above each draft reads")
-    p.add_argument("--left-codes", type=int, default=2, help="inrow: codes to the left each draft reads")
+    p.add_argument("--left-codes", type=int, default=2, help="inrow, recurrent: codes to the left each draft reads")
     p.add_argument(
         "--loss",
         choices=LOSSES,

@@ -71,8 +71,11 @@ class HeadLosses(nn.Module):
             source = (slice(None), slice(None), slice(0, rows - dy), slice(0, cols - dx))
             target = (slice(None), slice(None), slice(dy, None), slice(dx, None))
             if name.startswith("vertical") and self.heads.config.get("vertical_drafter", "cell") != "cell":
-                # a row drafter reads the whole row above, and (in-row) the true codes left of each cell
-                predicted = self.heads.draft_below_teacher_forced(hidden[source], embeds[source], embeds[target])
+                # a row drafter reads the whole row above, and (in-row) the true codes left of each cell;
+                # "recurrent" is unrolled along the row from the true state predicting its first cell
+                predicted = self.heads.draft_below_teacher_forced(
+                    hidden[source], embeds[source], embeds[target], hidden[target]
+                )
             else:
                 predicted = head(hidden[source], embeds[source])
             losses.append(self._compare(predicted, hidden[target]))
