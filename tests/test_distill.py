@@ -15,7 +15,7 @@ from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_llama, tiny_tokenizer
 from ssd_pipelines.training.distill import main
 from ssd_pipelines.training.distill_data import DistillationData, collect, shard_folder
-from ssd_pipelines.training.head_loss import HeadLosses, distill_loss, head_offsets
+from ssd_pipelines.training.head_loss import HeadLosses, distill_loss, head_offsets, heldout_acceptance
 from ssd_pipelines.training.head_training import train_heads
 
 PROMPTS = ["a red circle", "blue square", "the green square left of a circle", "red"]
@@ -246,3 +246,36 @@ def test_training_on_kl_raises_the_acceptance_it_measures(backbone):
     train_heads(heads, backbone, data, steps=60, lr=3e-3, batch_size=8, log_every=20, loss="kl", sampling=sampling)
     _, after = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
     assert float(after[1]) < float(before[1]) - 0.02, (before, after)
+
+
+def test_cli_trains_a_recurrent_drafter_and_reports_heldout_acceptance(tmp_path):
+    """--eval-images holds images out of training and logs each head's teacher-forced 1 - TV on them, which is
+    what heldout_acceptance computes from the saved heads."""
+    prompts = [f"{p} {i}" for i in range(3) for p in PROMPTS]  # 12 images: 8 to train on, 4 held out
+    options = ("--vertical", "1", "--vertical-drafter", "recurrent", "--loss", "kl", "--guidance", "2")
+    main(_tiny_cli(tmp_path, prompts, *options, "--steps", "3", "--eval-images", "4"))
+    log = json.loads((tmp_path / "heads" / "distill_log.json").read_text())
+    assert log["processes"][0]["images"] == 8
+    accepted = log["heldout_acceptance"]
+    assert set(accepted) == {
+        "horizontal_1",
+        "horizontal_2",
+        "horizontal_3",
+        "horizontal_4",
+        "horizontal_5",
+        "vertical_1",
+    }
+    assert all(0 < value <= 1 for value in accepted.values())
+    heads = DraftHeads.from_pretrained(tmp_path / "heads")
+    assert heads.drafter == "recurrent" and heads.reads_left_state
+    with pytest.raises(ValueError, match="--eval-images 12 must be between 1 and 11"):
+        main(_tiny_cli(tmp_path, prompts, "--steps", "1", "--eval-images", "12"))
+
+
+def test_heldout_acceptance_is_one_minus_the_tv_loss(backbone):
+    heads = tiny_heads(backbone, horizontal=(1,), vertical=(1,), drafter="recurrent")
+    sampling = SamplingConfig(guidance_scale=2.0)
+    data = collect(backbone, PROMPTS, sampling, images_per_prompt=3, batch_size=16, seed=2)
+    _, tv = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
+    accepted = heldout_acceptance(heads, backbone, data, sampling, batch_size=5)  # uneven batches: weighted means
+    torch.testing.assert_close(torch.tensor(list(accepted.values())), 1 - tv, atol=1e-4, rtol=0)

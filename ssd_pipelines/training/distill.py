@@ -53,7 +53,7 @@ from ..backbones.base import ImageBackbone
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..sampling import SamplingConfig
 from .distill_data import collect, shard_folder
-from .head_loss import LOSSES, check_offsets
+from .head_loss import LOSSES, check_offsets, heldout_acceptance
 from .head_training import train_heads
 
 
@@ -100,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         default="smooth_l1",
         help="smooth_l1: the paper's, on hidden states; kl: KL(p || q) of the verifier's guided distributions; "
         "kl+smooth_l1: both; tv: total variation, 1 - acceptance",
+    )
+    p.add_argument(
+        "--eval-images",
+        type=int,
+        default=0,
+        help="hold out the last N images each process generated, and log each head's teacher-forced acceptance on "
+        "them after training (1 - TV(p, q): what to compare trainings by without decoding)",
     )
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -219,6 +226,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     collect_seconds = time.perf_counter() - started
     accelerator.print(f"process 0 has {len(data)} images after {collect_seconds:.1f}s ({data.nbytes / 2**20:.1f} MiB)")
+    heldout = None
+    if args.eval_images:
+        if not 0 < args.eval_images < len(data):
+            raise ValueError(
+                f"--eval-images {args.eval_images} must be between 1 and {len(data) - 1}: keep some to train."
+            )
+        data, heldout = data[: len(data) - args.eval_images], data[len(data) - args.eval_images :]
+    # the distribution the verifier draws from, as guided as the data; a temperature of 1 where it was greedy
+    verifier = SamplingConfig(args.temperature or 1.0, args.top_k, args.top_p, args.guidance)
 
     started = time.perf_counter()
     log = train_heads(
@@ -233,9 +249,11 @@ def main(argv: list[str] | None = None) -> None:
         args.schedule,
         args.seed,
         args.loss,
-        # the distribution the verifier draws from, as guided as the data; a temperature of 1 where it was greedy
-        SamplingConfig(args.temperature or 1.0, args.top_k, args.top_p, args.guidance),
+        verifier,
     )
+    if heldout is not None:
+        log["heldout_acceptance"] = heldout_acceptance(heads, backbone, heldout, verifier)
+        accelerator.print(f"teacher-forced acceptance on {len(heldout)} held-out images: {log['heldout_acceptance']}")
     process = {
         "process_index": accelerator.process_index,
         "images": len(data),

@@ -100,6 +100,30 @@ class HeadLosses(nn.Module):
         return target_log_probs(logits, self.sampling)
 
 
+@torch.no_grad()
+def heldout_acceptance(
+    heads: DraftHeads,
+    backbone: ImageBackbone,
+    data: DistillationData,
+    sampling: SamplingConfig,
+    batch_size: int = 16,
+) -> dict[str, float]:
+    """Each head's mean 1 - TV(p, q) over every cell of `data` with a target: the acceptance its drafts would get
+    in a first verification if the context it reads were the true one (teacher-forced; the decoding benchmarks
+    measure the real thing). What to compare trainings by without decoding."""
+    objective = HeadLosses(heads, "tv", backbone, sampling)
+    was_training = heads.training
+    heads.eval()
+    total = None
+    for start in range(0, len(data), batch_size):
+        _, per_head = batch_loss(objective, backbone, data[start : start + batch_size])
+        part = per_head * min(batch_size, len(data) - start)
+        total = part if total is None else total + part
+    heads.train(was_training)
+    names = [name for name, _, _ in head_offsets(heads)]
+    return {name: round(1 - value / len(data), 4) for name, value in zip(names, total.tolist())}
+
+
 def distill_loss(
     heads: DraftHeads,
     backbone: ImageBackbone,
