@@ -279,3 +279,17 @@ def test_heldout_acceptance_is_one_minus_the_tv_loss(backbone):
     _, tv = distill_loss(heads, backbone, data, loss="tv", sampling=sampling)
     accepted = heldout_acceptance(heads, backbone, data, sampling, batch_size=5)  # uneven batches: weighted means
     torch.testing.assert_close(torch.tensor(list(accepted.values())), 1 - tv, atol=1e-4, rtol=0)
+
+
+def test_cli_takes_the_horizontal_heads_and_trains_only_the_vertical_drafter(tmp_path):
+    main(_tiny_cli(tmp_path, PROMPTS, "--steps", "2"))
+    first = DraftHeads.from_pretrained(tmp_path / "heads")
+    options = ("--vertical", "1", "--vertical-drafter", "inrow", "--horizontal-from", str(tmp_path / "heads"))
+    second = tmp_path / "second"
+    main([*_tiny_cli(tmp_path, PROMPTS, *options, "--steps", "3", "--lr", "0.1"), "--out", str(second)])
+    trained = DraftHeads.from_pretrained(second)
+    for name, tensor in first.horizontal.state_dict().items():
+        assert torch.equal(trained.horizontal.state_dict()[name], tensor), name  # copied, and never stepped
+    assert set(json.loads((second / "distill_log.json").read_text())["final_per_head"]) == {"vertical_1"}
+    with pytest.raises(ValueError, match="do not fit.*same --horizontal"):
+        main([*_tiny_cli(tmp_path, PROMPTS, "--horizontal", "2", "--horizontal-from", str(second))])

@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
         "drafted to its left, sampled left to right; recurrent: also the state predicting the cell to its left, "
         "trained unrolled along the row (row kinds: --vertical 1)",
     )
+    p.add_argument(
+        "--horizontal-from",
+        default=None,
+        help="a heads folder trained for this backbone: copy its horizontal heads and train only the vertical "
+        "drafter (the horizontal heads draft only the first row, yet cost most of a training step)",
+    )
     p.add_argument("--row-kernel", type=int, default=5, help="row and inrow: cells of the row above each draft reads")
     p.add_argument("--left-codes", type=int, default=2, help="inrow, recurrent: codes to the left each draft reads")
     p.add_argument(
@@ -146,6 +152,21 @@ def _new_heads(backbone: ImageBackbone, args: argparse.Namespace) -> DraftHeads:
     )
 
 
+def take_horizontal_heads(heads: DraftHeads, source: DraftHeads, where: str) -> None:
+    """Copy `source`'s horizontal heads into `heads` and freeze them: training then fits the vertical drafter only."""
+    ours = (heads.config.hidden_size, heads.config.embed_size, heads.config.codebook_size, heads.max_horizontal)
+    theirs = (source.config.hidden_size, source.config.embed_size, source.config.codebook_size, source.max_horizontal)
+    sizes_of_source_heads = source.config.intermediate_size or 2 * source.config.hidden_size
+    if ours != theirs or sizes_of_source_heads != heads.horizontal[0].gate.out_features:
+        raise ValueError(
+            f"the heads in {where} do not fit: (hidden, embedding, codebook sizes, horizontal heads) = {theirs} "
+            f"against {ours} here. Pass heads trained for this backbone, with the same --horizontal and "
+            "--intermediate-size."
+        )
+    heads.horizontal.load_state_dict(source.horizontal.state_dict())
+    heads.horizontal.requires_grad_(False)
+
+
 def _shard(accelerator: Accelerator, images: list[str]) -> list[str]:
     """This process's share of the images (one entry per image, so 1 prompt x 8 images splits too)."""
     if len(images) < accelerator.num_processes:
@@ -190,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     _warn_if_one_process_was_launched(accelerator)
     backbone = _build_backbone(args, accelerator)
     heads = _new_heads(backbone, args)
+    if args.horizontal_from:
+        take_horizontal_heads(heads, DraftHeads.from_pretrained(args.horizontal_from), args.horizontal_from)
     check_offsets(heads, backbone.grid.rows, backbone.grid.cols)  # before generating, not after
     shard = _shard(accelerator, [p for p in _read_prompts(args.prompts) for _ in range(args.images_per_prompt)])
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.guidance)

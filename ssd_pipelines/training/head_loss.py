@@ -29,6 +29,11 @@ def head_offsets(heads: DraftHeads) -> list[tuple[str, tuple[int, int], nn.Modul
     return right + below
 
 
+def trained_offsets(heads: DraftHeads) -> list[tuple[str, tuple[int, int], nn.Module]]:
+    """`head_offsets` less the heads frozen (no parameter requires a gradient): the ones a loss is computed for."""
+    return [entry for entry in head_offsets(heads) if any(p.requires_grad for p in entry[2].parameters())]
+
+
 def check_offsets(heads: DraftHeads, rows: int, cols: int) -> None:
     """Raise if a head's offset leaves the grid: it would have no cell to learn from."""
     for name, (dy, dx), _ in head_offsets(heads):
@@ -62,12 +67,13 @@ class HeadLosses(nn.Module):
             self.backbone_dtype = backbone.embed_codes(code).dtype
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """hidden [b, S, R, C, d], embeds [b, R, C, d_e] -> loss of each head [n_heads], over every cell with a target."""
+        """hidden [b, S, R, C, d], embeds [b, R, C, d_e] -> loss of each head not frozen [n_heads], over every cell
+        with a target (order as in `trained_offsets`)."""
         rows, cols = hidden.shape[2:4]
         check_offsets(self.heads, rows, cols)
         embeds = embeds.unsqueeze(1).expand(-1, hidden.shape[1], -1, -1, -1)
         losses = []
-        for name, (dy, dx), head in head_offsets(self.heads):
+        for name, (dy, dx), head in trained_offsets(self.heads):
             source = (slice(None), slice(None), slice(0, rows - dy), slice(0, cols - dx))
             target = (slice(None), slice(None), slice(dy, None), slice(dx, None))
             if name.startswith("vertical") and self.heads.config.get("vertical_drafter", "cell") != "cell":
@@ -120,7 +126,7 @@ def heldout_acceptance(
         part = per_head * min(batch_size, len(data) - start)
         total = part if total is None else total + part
     heads.train(was_training)
-    names = [name for name, _, _ in head_offsets(heads)]
+    names = [name for name, _, _ in trained_offsets(heads)]
     return {name: round(1 - value / len(data), 4) for name, value in zip(names, total.tolist())}
 
 

@@ -17,7 +17,7 @@ from ..backbones.base import ImageBackbone
 from ..heads import DraftHeads
 from ..sampling import SamplingConfig
 from .distill_data import DistillationData
-from .head_loss import HeadLosses, batch_loss, head_offsets
+from .head_loss import HeadLosses, batch_loss, trained_offsets
 
 
 def _batches(size: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -64,12 +64,12 @@ def train_heads(
         raise ValueError(f"training needs steps >= 1 and some data, got steps={steps} and {len(data)} images.")
     accelerator = accelerator or Accelerator()
     heads.train()
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=lr)  # frozen heads stay
     # Not prepared: accelerate would step a prepared scheduler once per process, and every process runs all steps.
     scheduler = _schedule(optimizer, schedule, steps)
     objective, optimizer = accelerator.prepare(HeadLosses(heads, loss, backbone, sampling), optimizer)
     batches = _batches(len(data), batch_size, torch.Generator().manual_seed(seed + accelerator.process_index))
-    names = [name for name, _, _ in head_offsets(heads)]
+    names = [name for name, _, _ in trained_offsets(heads)]
     log: dict = {"loss": [], "final_per_head": {}, "steps": 0}
     window: list[torch.Tensor] = []
     bar = tqdm(range(steps), desc="training heads", unit="step", disable=not accelerator.is_main_process)
