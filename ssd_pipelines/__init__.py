@@ -4,7 +4,7 @@ from .backbones import ImageBackbone, ImageGrid, LlamaGridBackbone
 from .decoding import ARDecoding, DecodeOutput, DecodeStats, ExactDecoding, SSDDecoding, make_strategy
 from .heads import DraftHeads
 from .pipeline_ssd import SSDAutoregressivePipeline, SSDPipelineOutput
-from .sampling import SamplingConfig
+from .sampling import ImageGenerators, SamplingConfig
 
 __version__ = "0.1.0"
 
@@ -15,6 +15,7 @@ __all__ = [
     "DraftHeads",
     "ExactDecoding",
     "ImageBackbone",
+    "ImageGenerators",
     "ImageGrid",
     "LlamaGridBackbone",
     "SSDAutoregressivePipeline",

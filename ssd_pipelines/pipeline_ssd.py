@@ -167,11 +167,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         for name, value in (("height", height), ("width", width)):
             if value is not None:
                 _check_integer(name, value, minimum=1, hint="or None for the model's own size")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(
-                f"`generator` must be one torch.Generator (the whole batch draws from it in order), got "
-                f"{type(generator).__name__}: pass torch.Generator(device).manual_seed(seed)."
-            )
+        _check_generator(generator, len(prompts), num_images_per_prompt)
         check_options(decoding, verify_rounds=verify_rounds, vertical_rows=vertical_rows, window=window)
         if strategy_class(decoding).needs_heads and self.heads is None:
             raise ValueError(
@@ -204,7 +200,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         decoding: str = DEFAULT_DECODING,
         verify_rounds: int | None = None,
         vertical_rows: int | None = None,
@@ -225,7 +221,13 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             guidance_scale: classifier-free guidance; 1 disables it (no unconditional branch). None takes the
                 backbone's own default (3 for the reference model, 5 Janus-Pro, 3 Emu3, 4 Lumina-mGPT).
             temperature, top_k, top_p: sampling; temperature 0 is greedy.
-            generator: the only source of randomness (one `torch.Generator`, on any device).
+            generator: the only source of randomness, on any device: one `torch.Generator`, which the whole batch
+                draws from in order (an image's codes then depend on what it is batched with), or a list of
+                `len(prompt) * num_images_per_prompt` generators, one per image in the order images come out
+                (prompt by prompt, each prompt's images together: image i is prompt i // num_images_per_prompt).
+                With a list each image draws only from its own generator, so its codes depend only on its prompt,
+                seed and options, not on the batch (for "ar", "exact" and "ssd", blocks or window, and the peers;
+                docs/decoding.md, "Seeds that do not depend on the batch", says where rounding can still differ).
             decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline); or a published peer with its
                 published defaults: "sjd", "sjd-pac", "gsd", "zipar", "mtp1d" (docs/decoding.md).
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
@@ -343,6 +345,27 @@ def _makes_grid(backbone: ImageBackbone, rows: int, cols: int) -> bool:
     except ValueError:
         return False
     return (grid.rows, grid.cols) == (rows, cols)
+
+
+def _check_generator(generator, num_prompts: int, num_images_per_prompt) -> None:
+    """None, one torch.Generator, or a list (or tuple) of one per image; else a ValueError saying what to pass."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    images = num_prompts * num_images_per_prompt
+    expected = (
+        f"one torch.Generator for the whole batch, or a list of {images} (len(prompt) * num_images_per_prompt = "
+        f"{num_prompts} * {num_images_per_prompt}), one per image"
+    )
+    listed = isinstance(generator, (list, tuple))
+    if not listed or len(generator) != images:
+        got = f"a list of {len(generator)}" if listed else f"a {type(generator).__name__}"
+        raise ValueError(f"`generator` must be {expected}; got {got}.")
+    wrong = next(((i, g) for i, g in enumerate(generator) if not isinstance(g, torch.Generator)), None)
+    if wrong is not None:
+        raise ValueError(
+            f"`generator` must be {expected}; item {wrong[0]} is a {type(wrong[1]).__name__}: pass "
+            "torch.Generator(device).manual_seed(seed) for each image."
+        )
 
 
 def _as_prompt_list(prompt) -> list:

@@ -6,15 +6,19 @@ it is checked against are always processed the same way. Greedy decoding is the
 limit of zero temperature: the distribution is one-hot on the argmax, and the
 speculative acceptance rule then reproduces the greedy token exactly.
 
-Randomness comes only from the caller's `torch.Generator`, drawn on the
-generator's own device and moved to the model's (as diffusers' `randn_tensor`
-does), so a CPU generator drives a CUDA model and gives it the same codes.
+Randomness comes only from the caller's source: one `torch.Generator` that the
+whole batch draws from in order, or `ImageGenerators`, one generator per image,
+so that an image's codes do not depend on what it is batched with. Noise is
+drawn on the generator's own device and moved to the model's (as diffusers'
+`randn_tensor` does), so a CPU generator drives a CUDA model and gives it the
+same codes.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -114,18 +118,96 @@ def _processed(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return logits
 
 
+class ImageGenerators:
+    """One `torch.Generator` per image of a batch: each image draws all of its randomness from its own, so that its
+    codes depend on its own prompt, seed and options, not on what it is batched with (docs/decoding.md, "Seeds that
+    do not depend on the batch").
+
+    A draw of shape [n, ...] gives row i from the generator of image `images[i]` (by default row b is image b).
+    Each image draws its rows in their order, in one `torch.rand` call of [its rows, ...] on its generator's device,
+    so what it draws depends only on how many rows it has in each draw: on its own state, never on other images'.
+    A row whose image is negative draws nothing and holds 0 (a strategy done with an image marks it so)."""
+
+    def __init__(self, generators: Sequence[torch.Generator]):
+        self.generators = tuple(generators)
+        wrong = next((i for i, g in enumerate(self.generators) if not isinstance(g, torch.Generator)), None)
+        if wrong is not None:  # a ValueError, as every other check of a call's inputs
+            raise ValueError(
+                f"generator {wrong} of the list is a {type(self.generators[wrong]).__name__}, not a torch.Generator: "
+                "pass one torch.Generator(device).manual_seed(seed) per image."
+            )
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def rand(self, shape: torch.Size | tuple[int, ...], device: torch.device, images=None) -> torch.Tensor:
+        """U[0, 1) noise of `shape` on `device`, row i from image images[i]'s generator (default: row b, image b).
+        images: a tensor or sequence [shape[0]] of image indices; negative entries draw nothing (0)."""
+        shape = tuple(shape)
+        if images is None:
+            if shape[0] != len(self.generators):
+                raise ValueError(f"a draw of {shape[0]} rows from {len(self.generators)} per-image generators.")
+            if not shape[0]:
+                return torch.zeros(shape, device=device)
+            return torch.cat([self._draw(g, (1, *shape[1:]), device) for g in self.generators])
+        owners = images.tolist() if isinstance(images, torch.Tensor) else list(images)
+        if len(owners) != shape[0]:
+            raise ValueError(f"{len(owners)} image indices for a draw of {shape[0]} rows.")
+        rows: dict[int, list[int]] = {}
+        for row, image in enumerate(owners):
+            if image >= 0:
+                rows.setdefault(image, []).append(row)
+        noise = torch.zeros(shape, device=device)
+        if rows:
+            order = [row for image in sorted(rows) for row in rows[image]]
+            drawn = [
+                self._draw(self.generators[image], (len(rows[image]), *shape[1:]), device) for image in sorted(rows)
+            ]
+            noise[torch.tensor(order, device=device)] = torch.cat(drawn)
+        return noise
+
+    @staticmethod
+    def _draw(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        return torch.rand(shape, generator=generator, device=generator.device).to(device)
+
+
+RandomSource = torch.Generator | ImageGenerators | None
+"""Where a decoding's noise comes from: one generator for the batch, one per image, or torch's global one."""
+
+
+def random_source(generator, batch_size: int) -> RandomSource:
+    """A caller's `generator` as a `RandomSource` for a batch of `batch_size` images: None, one torch.Generator, or
+    one per image (a list or tuple of them, or `ImageGenerators`). A ValueError says what to pass otherwise."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    source = ImageGenerators(generator) if isinstance(generator, (list, tuple)) else generator
+    if not isinstance(source, ImageGenerators) or len(source) != batch_size:
+        got = f"{len(source)} generators" if isinstance(source, ImageGenerators) else f"a {type(generator).__name__}"
+        raise ValueError(
+            f"`generator` must be a torch.Generator or a list of {batch_size}, one per image; got {got}: pass one "
+            "torch.Generator per image, or one for the whole batch."
+        )
+    return source
+
+
 def uniform(
-    shape: torch.Size | tuple[int, ...], generator: torch.Generator | None, device: torch.device
+    shape: torch.Size | tuple[int, ...], generator: RandomSource, device: torch.device, images=None
 ) -> torch.Tensor:
-    """U[0, 1) noise of `shape` on `device`, drawn on the generator's device."""
+    """U[0, 1) noise of `shape` on `device`, drawn on the generator's device.
+
+    images: with `ImageGenerators`, which image each row of shape[0] belongs to (default: row b is image b; see
+    `ImageGenerators.rand`); a single generator ignores it and draws the whole shape at once, in order."""
+    if isinstance(generator, ImageGenerators):
+        return generator.rand(shape, device, images)
     source = generator.device if generator is not None else device
     return torch.rand(shape, generator=generator, device=source).to(device)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one code per distribution by inverting its CDF. probs: [..., K] -> codes [...]."""
+def sample(probs: torch.Tensor, generator: RandomSource = None, images=None) -> torch.Tensor:
+    """Draw one code per distribution by inverting its CDF. probs: [..., K] -> codes [...].
+    images: which image each row of probs belongs to, for `ImageGenerators` (see `uniform`)."""
     cdf = probs.cumsum(-1)  # [..., K]
-    u = uniform(probs.shape[:-1], generator, probs.device)[..., None] * cdf[..., -1:]  # [..., 1]
+    u = uniform(probs.shape[:-1], generator, probs.device, images)[..., None] * cdf[..., -1:]  # [..., 1]
     # The first code whose CDF exceeds u: codes of zero probability never are (their CDF equals the previous
     # one). Should rounding put u at the CDF's end, the last code of positive probability is taken.
     last_possible = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # [..., 1]
@@ -147,7 +229,8 @@ def verify_round(
     tokens: torch.Tensor,
     q: torch.Tensor,
     p: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: RandomSource = None,
+    images=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One auto-correcting verification round over drafted cells, all cells independently.
 
@@ -160,10 +243,13 @@ def verify_round(
     round's p at its cell (accepted or resampled alike), so the next round's
     proposal is p itself (docs/decoding.md, "Which q"). Keeping the head's q for accepted
     cells instead stops the rounds from converging to the AR distribution.
+
+    images: which image each row of tokens belongs to, for `ImageGenerators` (see `uniform`): each image draws its
+    acceptance noise, then its resampling noise.
     """
     p_token = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
     q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    u = uniform(tokens.shape, generator, tokens.device)
+    u = uniform(tokens.shape, generator, tokens.device, images)
     accepted = u * q_token < p_token  # u < p/q without dividing by a zero q
-    resampled = sample(residual(p, q), generator)
+    resampled = sample(residual(p, q), generator, images)
     return torch.where(accepted, tokens, resampled), p, accepted

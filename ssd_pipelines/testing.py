@@ -85,7 +85,7 @@ def with_uniform_drafts(strategy_class: type) -> type:
     class UniformDrafts(strategy_class):
         def draft(self, front, images, cells):
             codebook = front.grid.codebook_size
-            codes = random_codes(len(cells), codebook, front.run.generator, cells.device)
+            codes = random_codes(len(cells), codebook, front.run.generator, cells.device, images)
             front.set_drafts(images, cells, codes, torch.full((len(cells), codebook), 1 / codebook))
 
     UniformDrafts.__name__ = f"{strategy_class.__name__}WithUniformDrafts"
@@ -101,7 +101,7 @@ def tiny_heads(
     row_kernel: int = 5,
     left_codes: int = 2,
 ) -> DraftHeads:
-    """Random heads; vertical offsets (1, 2) for the per-cell drafter, (1,) for a "row" or "inrow" one."""
+    """Random heads; vertical offsets (1, 2) for the per-cell drafter, (1,) for the row kinds."""
     torch.manual_seed(seed)
     return DraftHeads(
         hidden_size=backbone.hidden_size,

@@ -13,7 +13,7 @@ import torch
 import ssd_pipelines.decoding.frontier as frontier_module
 import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding
-from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
+from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
 from ssd_pipelines.sampling import residual, sample, verify_round
 from ssd_pipelines.testing import tiny_heads
 
@@ -175,3 +175,32 @@ def test_a_wrong_verifier_is_caught(monkeypatch, module, wrong_round):
     )
     g = g_of(build, seed=51)
     assert g.statistic > 3 * g.bound, g
+
+
+PER_IMAGE_SAMPLES = 10_000  # one torch.Generator per image draws image by image: fewer images, the same test
+
+
+def g_with_generators(strategy, seed, samples=PER_IMAGE_SAMPLES, setup=None, sampling=GUIDED):
+    """The G test of images drawn in one batch, each from its own generator (seeded seed * samples + i)."""
+    backbone, heads = setup or toy_setup()
+    probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
+    prompts = backbone.encode_prompts([TOY_PROMPT], num_images_per_prompt=samples, guidance=sampling.uses_guidance)
+    generators = [torch.Generator().manual_seed(seed * samples + i) for i in range(samples)]
+    out = strategy(heads).decode(backbone, prompts, sampling, generator=generators)
+    counts = torch.bincount(grid_index(out.codes, backbone.grid.codebook_size), minlength=len(probs))
+    return g_test(counts, probs), out.stats
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(lambda heads: ARDecoding(), id="ar"),
+        pytest.param(lambda heads: ExactDecoding(heads, window=3), id="exact-W=3"),
+        pytest.param(lambda heads: SSDDecoding(heads, verify_rounds=None), id="ssd-no-cap"),
+    ],
+)
+def test_one_generator_per_image_still_samples_the_ar_distribution(strategy):
+    """Each image drawing from its own generator (a converged `ssd` image drawing nothing more) changes which
+    sample each image gets, not the distribution."""
+    g, _ = g_with_generators(strategy, seed=95)
+    assert g.passes, g

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from ..sampling import SamplingConfig, sample, target_probs
+from ..sampling import RandomSource, SamplingConfig, random_source, sample, target_probs
 from .options import DecodingOption
 
 RowCallback = Callable[[int, torch.Tensor], bool | None]
@@ -219,11 +219,14 @@ class DecodingStrategy(ABC):
         backbone: ImageBackbone,
         prompts: PromptBatch,
         sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        generator: RandomSource | list[torch.Generator] = None,
         callback: RowCallback | None = None,
         grid: ImageGrid | None = None,
     ) -> DecodeOutput:
-        """Decode one image per conditional row of the prompt batch."""
+        """Decode one image per conditional row of the prompt batch.
+
+        generator: one torch.Generator the whole batch draws from in order, or one per image (a list, in the
+        batch's order, or `ImageGenerators`): then each image draws only from its own (`sampling.ImageGenerators`)."""
         if sampling.uses_guidance != prompts.guidance:
             raise ValueError(
                 f"guidance_scale={sampling.guidance_scale} needs a prompt batch "
@@ -258,7 +261,7 @@ class DecodeRun:
         self.prompts: PromptBatch = prompts
         self.grid: ImageGrid = grid
         self.sampling: SamplingConfig = sampling
-        self.generator: torch.Generator | None = generator
+        self.generator: RandomSource = random_source(generator, prompts.batch_size)
         self.callback = callback
         cells = (prompts.batch_size, grid.num_cells)
         self.codes = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)
@@ -271,8 +274,10 @@ class DecodeRun:
         """Pre-norm hidden states [B', ..., d] -> target distributions [B, ..., K]."""
         return target_probs(self.backbone.code_logits(hidden), self.sampling)
 
-    def sample(self, probs: torch.Tensor) -> torch.Tensor:
-        return sample(probs, self.generator)
+    def sample(self, probs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
+        """One code per distribution [B, ..., K] -> [B, ...]; for flattened cells [n, K], images [n] says whose each
+        row is, so that with one generator per image each draws from its own (`sampling.uniform`)."""
+        return sample(probs, self.generator, images)
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes [B, ...] -> embeddings for both guidance branches [B', ..., d_e]."""

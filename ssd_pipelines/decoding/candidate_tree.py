@@ -23,7 +23,7 @@ from functools import cached_property
 
 import torch
 
-from ..sampling import residual, sample, uniform
+from ..sampling import RandomSource, residual, sample, uniform
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class CandidateTree:
 
 
 def draw_without_replacement(
-    q: torch.Tensor, first: torch.Tensor, count: int, generator: torch.Generator | None
+    q: torch.Tensor, first: torch.Tensor, count: int, generator: RandomSource
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` more codes per cell, drawn without replacement from q [..., K] and never equal to `first` [...].
 
@@ -109,7 +109,7 @@ def recursive_rejection(
     real: torch.Tensor,
     q: torch.Tensor,
     p: torch.Tensor,
-    generator: torch.Generator | None,
+    generator: RandomSource,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Check candidates [B, K] (real [B, K]: drawn, not padding) in turn against p [B, K_codes] with proposal q.
 

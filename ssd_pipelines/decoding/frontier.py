@@ -30,6 +30,12 @@ each pass runs the W positions from `done` on:
 
 End-of-line tokens are forced, never drafted or verified. A cell verified before
 the frontier reaches it arrives nearly converged, because its q is its last p.
+
+With one generator per image (`sampling.ImageGenerators`), every pass draws a
+window's noise per image, and drafts, flattened across images, say whose each
+is: an image's draws follow its own frontier, so its codes do not depend on its
+batch. A finished image idles at the end and still draws, but nothing of it
+changes.
 """
 
 from __future__ import annotations
@@ -255,7 +261,7 @@ class FrontierRun:
         """Drafted hidden states [B' / B * n, d] of cells (b, c): sample codes; keep q, and the draft as hidden."""
         run = self.run
         q = run.probs(drafted)  # [n, K]
-        run.codes[b, c] = run.sample(q)
+        run.codes[b, c] = run.sample(q, b)  # with one generator per image, each draws its own cells, in window order
         self.q[b, c % self.ring] = q
         self.hidden[self._branch_rows(b), self._both(c)] = drafted.to(self.hidden.dtype)
         run.final_round[b, c] = 1

@@ -66,4 +66,4 @@ class MTP1DDecoding(WindowDecoding):
         )
         drafted = drafted[torch.arange(len(rows), device=rows.device), front.both(offset) - 1]  # [B' / B * n, d]
         q = run.probs(drafted)  # [n, K]
-        front.set_drafts(images, cells, run.sample(q), q)
+        front.set_drafts(images, cells, run.sample(q, images), q)

@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import uniform
+from ..sampling import RandomSource, uniform
 from .window import WindowDecoding, WindowRun
 
 
-def random_codes(count: int, codebook_size: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """`count` codes drawn uniformly from the codebook, through the caller's generator. -> [count]"""
-    return (uniform((count,), generator, device) * codebook_size).long().clamp_max(codebook_size - 1)
+def random_codes(
+    count: int, codebook_size: int, generator: RandomSource, device, images: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`count` codes drawn uniformly from the codebook, through the caller's generator. -> [count]
+    images [count]: whose each code is, so that with one generator per image each draws its own."""
+    return (uniform((count,), generator, device, images) * codebook_size).long().clamp_max(codebook_size - 1)
 
 
 class SJDDecoding(WindowDecoding):
@@ -51,5 +54,5 @@ class SJDDecoding(WindowDecoding):
 
     def draft(self, front: WindowRun, images: torch.Tensor, cells: torch.Tensor) -> None:
         codebook = front.grid.codebook_size
-        codes = random_codes(len(cells), codebook, front.run.generator, cells.device)
+        codes = random_codes(len(cells), codebook, front.run.generator, cells.device, images)
         front.set_drafts(images, cells, codes, torch.nn.functional.one_hot(codes, codebook).float())

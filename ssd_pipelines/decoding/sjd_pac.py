@@ -63,7 +63,7 @@ class SJDPACDecoding(WindowDecoding):
 
     def draft(self, front: WindowRun, images: torch.Tensor, cells: torch.Tensor) -> None:
         codebook = front.grid.codebook_size
-        codes = random_codes(len(cells), codebook, front.run.generator, cells.device)
+        codes = random_codes(len(cells), codebook, front.run.generator, cells.device, images)
         front.set_drafts(images, cells, codes, torch.full((len(cells), codebook), 1.0 / codebook))
 
 

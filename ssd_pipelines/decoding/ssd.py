@@ -25,6 +25,11 @@ of the batch has converged the rounds stop and that round's pass, which saw the
 final codes, is the commit. At most r rounds is the paper's decoding (lossy for
 small r); with no cap (verify_rounds=None) it returns exactly the AR
 distribution, but `exact` (exact.py) gets there in far fewer passes.
+
+With one generator per image (`sampling.ImageGenerators`) a converged image
+draws nothing more in its block: alone, its rounds would have stopped there. So
+an image's codes do not depend on the images it is batched with, although a
+batch runs as many rounds as its slowest image needs.
 """
 
 from __future__ import annotations
@@ -185,11 +190,14 @@ class SSDDecoding(DecodingStrategy):
         converged = torch.zeros(codes.shape[0], dtype=torch.bool, device=codes.device)  # [B]
         final_round = torch.ones_like(codes)  # [B, n]: drafted codes, held since round 1
         final_round[:, 0] = 0  # the first cell is drawn from its exact target
+        images = torch.arange(codes.shape[0], device=codes.device)
         for round_index in range(self.max_rounds(block)):
             hidden = run.forward(state, block, codes)
             block_hidden = block.predicting_hidden(h_before, hidden)
             p = run.probs(block_hidden)  # [B, n, K]
-            new_codes, q, accepted = verify_round(codes, q, p, run.generator)
+            # With one generator per image, a converged image draws nothing more in this block, as when run alone.
+            drawing = torch.where(converged, -1, images)
+            new_codes, q, accepted = verify_round(codes, q, p, run.generator, drawing)
             # A sample whose round rejected nothing is final: later rounds would accept it with probability 1.
             active = ~converged
             codes = torch.where(active[:, None], new_codes, codes)
