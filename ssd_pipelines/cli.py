@@ -33,12 +33,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model", default=None, help=f"pipeline folder or Hub repository (default: {HUB_MODEL}, bundled copy first)"
     )
+    peers = [n for n, cls in STRATEGIES.items() if cls.summary.startswith("peer")]  # their summaries say so
+    ours = [n for n in STRATEGIES if n not in USER_DECODINGS and n not in peers]  # e.g. auto
     parser.add_argument(
         "--decoding",
         default=DEFAULT_DECODING,
         choices=list(STRATEGIES),
-        help="; ".join(f"{name}: {strategy_class(name).summary}" for name in USER_DECODINGS)
-        + f"; or a peer: {', '.join(n for n in STRATEGIES if n not in USER_DECODINGS)}",
+        help="; ".join(f"{name}: {strategy_class(name).summary}" for name in (*USER_DECODINGS, *ours))
+        + f"; or a peer: {', '.join(n for n in STRATEGIES if n not in USER_DECODINGS and n not in ours)}",
     )
     for name, (option, takers) in decoding_options().items():
         default = "" if option.default is None else f", default {option.default}"

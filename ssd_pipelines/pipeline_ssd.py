@@ -77,7 +77,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         backbone ([`~transformers.PreTrainedModel`]): the autoregressive image generator.
         tokenizer ([`~transformers.PreTrainedTokenizerBase`]): its prompt tokenizer.
         vqvae ([`~diffusers.VQModel`], *optional*): turns codes into pixels; without it only `output_type="latent"`.
-        heads ([`DraftHeads`], *optional*): drafting heads; needed by `decoding="ssd"` and `"exact"`.
+        heads ([`DraftHeads`], *optional*): drafting heads; needed by `decoding="ssd"`, `"exact"` and `"auto"`.
     """
 
     model_cpu_offload_seq = "backbone->vqvae"
@@ -148,6 +148,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         window,
         output_type,
         callback_tensor_inputs,
+        exact_max_batch=None,
     ) -> tuple[list[str], list[str] | None]:
         """Raise a `ValueError` that says what to pass instead; return the prompts and negatives as lists."""
         prompts = _as_prompt_list(prompt)
@@ -168,7 +169,13 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             if value is not None:
                 _check_integer(name, value, minimum=1, hint="or None for the model's own size")
         _check_generator(generator, len(prompts), num_images_per_prompt)
-        check_options(decoding, verify_rounds=verify_rounds, vertical_rows=vertical_rows, window=window)
+        check_options(
+            decoding,
+            verify_rounds=verify_rounds,
+            vertical_rows=vertical_rows,
+            window=window,
+            exact_max_batch=exact_max_batch,
+        )
         if strategy_class(decoding).needs_heads and self.heads is None:
             raise ValueError(
                 f"decoding={decoding!r} needs drafting heads and this pipeline has none: "
@@ -205,6 +212,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         verify_rounds: int | None = None,
         vertical_rows: int | None = None,
         window: int | None = None,
+        exact_max_batch: int | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end=None,
@@ -226,17 +234,21 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 `len(prompt) * num_images_per_prompt` generators, one per image in the order images come out
                 (prompt by prompt, each prompt's images together: image i is prompt i // num_images_per_prompt).
                 With a list each image draws only from its own generator, so its codes depend only on its prompt,
-                seed and options, not on the batch (for "ar", "exact" and "ssd", blocks or window, and the peers;
+                seed and options, not on the batch (every decoding; "auto" within one choice of decoding;
                 docs/decoding.md, "Seeds that do not depend on the batch", says where rounding can still differ).
-            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline); or a published peer with its
-                published defaults: "sjd", "sjd-pac", "gsd", "zipar", "mtp1d" (docs/decoding.md).
+            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline); "auto" (lossless: "exact"
+                for small batches, "ar" for large ones); or a published peer with its published defaults: "sjd",
+                "sjd-pac", "gsd", "zipar", "mtp1d" (docs/decoding.md).
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
                 unverified). Rounds stop early once a round rejects nothing in every image.
             vertical_rows: "ssd" only: rows drafted at once by the vertical heads (k_v, default 1).
             window: "exact": image positions each forward pass verifies per image (default one row with
                 its end-of-line token). Wider windows take fewer passes, each processing more tokens. "ssd":
                 pipelines the rows on that window, each cell verified at most `verify_rounds` times (default: the
-                paper's row blocks; docs/ssd_pipelined.md measures both).
+                paper's row blocks; docs/ssd_pipelined.md measures both). "auto": the window of its "exact".
+            exact_max_batch: "auto" only: the largest batch (len(prompt) * num_images_per_prompt images) decoded
+                with "exact"; larger ones go to "ar" (default 3, measured on this project's CPU; 0: always "ar").
+                `stats["chosen_decoding"]` says which decoded.
             output_type: "pil", "np", "pt", or "latent" for the grid of codes.
             callback_on_step_end: called as `callback(pipe, row, row, {"codes": codes})` after each committed
                 row, in the calling thread; `codes` is a copy, -1 in rows not committed yet. Setting
@@ -256,6 +268,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             window,
             output_type,
             callback_on_step_end_tensor_inputs,
+            exact_max_batch,
         )
         backbone = self.image_backbone
         # 1. The grid, the sampling path and the strategy
@@ -263,7 +276,13 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         if guidance_scale is None:
             guidance_scale = backbone.default_guidance_scale
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        options = options_for(decoding, verify_rounds=verify_rounds, vertical_rows=vertical_rows, window=window)
+        options = options_for(
+            decoding,
+            verify_rounds=verify_rounds,
+            vertical_rows=vertical_rows,
+            window=window,
+            exact_max_batch=exact_max_batch,
+        )
         strategy = make_strategy(decoding, self.heads, **options)
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
         batch = backbone.encode_prompts(

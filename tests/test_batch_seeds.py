@@ -49,6 +49,7 @@ DECODINGS = [
     ("ssd", {"verify_rounds": 6}),  # images converge in different rounds, so rounds stop early in some
     ("ssd", {"verify_rounds": 3, "vertical_rows": 2}),
     ("ssd", {"window": 5}),
+    ("auto", {"exact_max_batch": 4}),  # exact for the batch of 4 and for each image alone
     ("sjd", {}),
     ("sjd-pac", {}),
     ("gsd", {}),
@@ -69,6 +70,19 @@ def test_an_image_in_a_batch_equals_it_alone(pipe, decoding, options, guidance):
             assert torch.equal(batch[i], alone[0]), (i, trial)
             # alone, a list of one generator and that generator itself draw the same
             assert torch.equal(alone, codes(pipe, prompt, torch.Generator().manual_seed(seed), **options))
+
+
+def test_auto_chooses_by_the_batch_so_an_image_matches_what_its_batch_chose(pipe):
+    """`auto` decodes a batch past its crossover with ar and a lone image with exact: two samplers of one
+    distribution, so an image then matches its prompt decoded alone with ar, not with auto."""
+    seeds = [3, 4, 5, 6]
+    out = pipe(PROMPTS, generator=seeded(*seeds), decoding="auto", exact_max_batch=3, output_type="latent")
+    assert out.stats["strategy"] == "auto" and out.stats["chosen_decoding"] == "ar"
+    for i, (prompt, seed) in enumerate(zip(PROMPTS, seeds)):
+        assert torch.equal(out.codes[i], codes(pipe, prompt, seeded(seed), decoding="ar")[0])
+    alone = pipe(PROMPTS[0], generator=seeded(3), decoding="auto", exact_max_batch=3, output_type="latent")
+    assert alone.stats["chosen_decoding"] == "exact"
+    assert torch.equal(alone.codes, codes(pipe, PROMPTS[0], seeded(3), decoding="exact"))
 
 
 def test_images_come_out_prompt_by_prompt(pipe):

@@ -69,6 +69,18 @@ def test_exact_decoding_from_the_command_line(model_dir, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["decoding"]["strategy"] == "exact"
 
 
+def test_auto_and_its_crossover_from_the_command_line(model_dir, tmp_path, capsys):
+    """The flag comes from the option's declaration; the statistics say which decoding auto chose."""
+    base = ["a", "--model", str(model_dir), "--decoding", "auto", "--num-images", "2", "--json"]
+    for crossover, chosen in (("2", "exact"), ("1", "ar")):
+        main([*base, "--out", str(tmp_path / f"x{crossover}.png"), "--exact-max-batch", crossover])
+        stats = json.loads(capsys.readouterr().out)["decoding"]
+        assert stats["strategy"] == "auto" and stats["chosen_decoding"] == chosen
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "y.png"), "--model", str(model_dir), "--exact-max-batch", "2"])
+    assert "--exact-max-batch: exact_max_batch applies to decoding='auto' only, not 'ssd'" in capsys.readouterr().err
+
+
 def test_compare_needs_a_speculative_decoding(model_dir, tmp_path):
     with pytest.raises(SystemExit):
         main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--decoding", "ar", "--compare"])

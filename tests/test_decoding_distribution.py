@@ -12,7 +12,7 @@ import torch
 
 import ssd_pipelines.decoding.frontier as frontier_module
 import ssd_pipelines.decoding.ssd as ssd_module
-from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding
+from ssd_pipelines import ARDecoding, AutoDecoding, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
 from ssd_pipelines.sampling import residual, sample, verify_round
 from ssd_pipelines.testing import tiny_heads
@@ -204,3 +204,21 @@ def test_one_generator_per_image_still_samples_the_ar_distribution(strategy):
     sample each image gets, not the distribution."""
     g, _ = g_with_generators(strategy, seed=95)
     assert g.passes, g
+
+
+@pytest.mark.parametrize("exact_max_batch, chosen", [(SAMPLES, "exact"), (SAMPLES - 1, "ar")])
+def test_auto_samples_the_ar_distribution_on_both_sides_of_its_crossover(exact_max_batch, chosen):
+    backbone, heads = toy_setup()
+    probs = grid_probabilities(backbone, TOY_PROMPT, GUIDED)
+    prompts = backbone.encode_prompts([TOY_PROMPT], num_images_per_prompt=SAMPLES, guidance=True)
+    strategy = AutoDecoding(heads, exact_max_batch=exact_max_batch, window=3)
+    out = strategy.decode(backbone, prompts, GUIDED, generator=torch.Generator().manual_seed(97))
+    counts = torch.bincount(grid_index(out.codes, backbone.grid.codebook_size), minlength=len(probs))
+    g = g_test(counts, probs)
+    assert out.stats.strategy == "auto" and out.stats.chosen_decoding == chosen
+    assert g.passes, g
+
+
+def test_auto_with_one_generator_per_image_samples_the_ar_distribution():
+    g, stats = g_with_generators(lambda heads: AutoDecoding(heads, exact_max_batch=PER_IMAGE_SAMPLES), seed=98)
+    assert stats.chosen_decoding == "exact" and g.passes, g

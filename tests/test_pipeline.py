@@ -63,6 +63,19 @@ def test_every_decoding_mode_and_its_statistics(pipe):
     assert pipelined.stats["forward_passes"] == 1 + 20 // 5 and pipelined.stats["acceptance_per_round"] == []
 
 
+def test_auto_decodes_small_batches_with_exact_and_large_ones_with_ar(pipe):
+    """Lossless either way; the statistics say which decoded, and the codes are that decoding's own."""
+    for images, exact_max_batch, chosen in [(1, None, "exact"), (4, None, "ar"), (4, 4, "exact"), (1, 0, "ar")]:
+        options = {} if exact_max_batch is None else {"exact_max_batch": exact_max_batch}
+        out = run(pipe, decoding="auto", num_images_per_prompt=images, output_type="latent", **options)
+        assert out.stats["strategy"] == "auto" and out.stats["chosen_decoding"] == chosen, (images, exact_max_batch)
+        same = run(pipe, decoding=chosen, num_images_per_prompt=images, output_type="latent")
+        assert torch.equal(out.codes, same.codes) and out.stats["forward_passes"] == same.stats["forward_passes"]
+        assert same.stats["chosen_decoding"] == chosen  # every decoding names itself
+    wide = run(pipe, decoding="auto", window=5, output_type="latent")
+    assert torch.equal(wide.codes, run(pipe, decoding="exact", window=5, output_type="latent").codes)
+
+
 def test_tuple_output_and_batches_of_prompts(pipe):
     images, codes, stats, final_round, interrupted, rows, warnings = pipe(
         ["a red circle", "blue"], num_images_per_prompt=2, return_dict=False
@@ -158,8 +171,14 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"decoding": "exact", "verify_rounds": 2}, "verify_rounds applies to decoding='ssd' only, not 'exact'"),
         ({"decoding": "ar", "verify_rounds": 1}, "verify_rounds applies to decoding='ssd' only, not 'ar'"),
         ({"decoding": "exact", "vertical_rows": 2}, "vertical_rows applies to decoding='ssd' only, not 'exact'"),
-        ({"decoding": "ar", "window": 4}, "window applies to decoding='ssd' or 'exact' only, not 'ar': drop window."),
+        (
+            {"decoding": "ar", "window": 4},
+            "window applies to decoding='ssd' or 'exact' or 'auto' only, not 'ar': drop window.",
+        ),
         ({"decoding": "exact", "window": 0}, "`window` must be an integer >= 1 for decoding='exact'"),
+        ({"decoding": "exact", "exact_max_batch": 2}, "exact_max_batch applies to decoding='auto' only, not 'exact'"),
+        ({"decoding": "auto", "exact_max_batch": -1}, "`exact_max_batch` must be an integer >= 0 for decoding='auto'"),
+        ({"decoding": "auto", "exact_max_batch": 2.5}, "`exact_max_batch` must be an integer >= 0"),
         ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number, got nan"),
         ({"guidance_scale": float("inf")}, "guidance_scale must be a finite number, got inf"),
         ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),

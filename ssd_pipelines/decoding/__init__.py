@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..heads import DraftHeads
 from .ar import ARDecoding
+from .auto import AutoDecoding
 from .base import UNDECODED, DecodeOutput, DecodeStats, DecodingStrategy, RowCallback
 from .exact import ExactDecoding
 from .gsd import GSDDecoding
@@ -23,6 +24,7 @@ STRATEGIES: dict[str, type[DecodingStrategy]] = {
     "ar": ARDecoding,
     "ssd": SSDDecoding,
     "exact": ExactDecoding,
+    "auto": AutoDecoding,
     "sjd": SJDDecoding,
     "sjd-pac": SJDPACDecoding,
     "gsd": GSDDecoding,
@@ -84,6 +86,7 @@ __all__ = [
     "UNDECODED",
     "USER_DECODINGS",
     "ARDecoding",
+    "AutoDecoding",
     "DecodeOutput",
     "DecodeStats",
     "DecodingOption",

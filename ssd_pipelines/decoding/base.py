@@ -39,6 +39,7 @@ class DecodeStats:
 
     strategy: str
     images: int
+    chosen_decoding: str | None = None  # the strategy that decoded the grid: `strategy` itself, or what `auto` chose
     forward_passes: int = 0  # backbone passes, the prompt prefill included
     positions_processed: int = 0  # image positions each image ran through the backbone, summed over passes
     rows_completed: int = 0
@@ -266,7 +267,7 @@ class DecodeRun:
         cells = (prompts.batch_size, grid.num_cells)
         self.codes = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)
         self.final_round = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)  # see DecodeOutput
-        self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size)
+        self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size, chosen_decoding=strategy_name)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False
 
