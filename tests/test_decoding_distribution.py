@@ -141,13 +141,13 @@ def test_an_inrow_q_that_is_not_the_one_drawn_from_is_caught(monkeypatch):
     assert g.statistic > 3 * g.bound, g
 
 
-def _keep_head_q(tokens, q, p, generator=None):
+def _keep_head_q(tokens, q, p, generator=None, images=None):
     """The rule SJD uses: the next q is the distribution each token was drawn from."""
-    new_tokens, _, accepted = verify_round(tokens, q, p, generator)
+    new_tokens, _, accepted = verify_round(tokens, q, p, generator, images)
     return new_tokens, torch.where(accepted.unsqueeze(-1), q, residual(p, q)), accepted
 
 
-def _skip_residual(tokens, q, p, generator=None):
+def _skip_residual(tokens, q, p, generator=None, images=None):  # one generator: `images` is for per-image ones
     p_token = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     accepted = torch.rand(tokens.shape, generator=generator) * q_token < p_token
