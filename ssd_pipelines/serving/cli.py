@@ -1,0 +1,148 @@
+"""`ssd-serve`: serve a pipeline over HTTP on Ray Serve, concurrent requests batched, until Ctrl-C.
+
+ssd-serve                                                    # the reference model on http://127.0.0.1:8000
+ssd-serve --model hub_cards/ssd-reference --replicas 2 --max-batch-size 8 --port 8000
+ssd-serve --address auto --host 0.0.0.0                      # join a running Ray cluster
+ssd-serve --autoscaling '{"min_replicas": 1, "max_replicas": 4}'
+
+Without --address it starts a local Ray with this machine's CPUs (and GPUs) and stops it on exit; with --address
+it joins that cluster and on exit deletes only its own application. docs/serving.md describes the HTTP API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+APP_NAME = "ssd"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ssd-serve", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="pipeline folder or Hub repository (default: the reference model, the bundled copy first: offline)",
+    )
+    parser.add_argument("--replicas", type=int, default=None, help="replicas, each holding one pipeline (default 1)")
+    parser.add_argument(
+        "--autoscaling",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="Serve's autoscaling_config as JSON, passed as it is (instead of --replicas)",
+    )
+    parser.add_argument("--max-batch-size", type=int, default=8, help="requests batched into one replica's work")
+    parser.add_argument(
+        "--batch-wait-timeout-s",
+        type=float,
+        default=0.05,
+        help="how long a batch waits to fill before it decodes (default 0.05)",
+    )
+    parser.add_argument("--max-images", type=int, default=8, help="the most images one request may ask for")
+    parser.add_argument(
+        "--max-ongoing-requests", type=int, default=None, help="requests a replica takes at once (default: 2 x batch)"
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="requests that may wait; beyond, HTTP 503 (default: no cap)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per replica (default 1)")
+    parser.add_argument(
+        "--cpus-per-replica", type=float, default=None, help="Ray CPUs per replica (default: --threads)"
+    )
+    parser.add_argument("--gpus-per-replica", type=float, default=0, help="Ray GPUs per replica (default 0: the CPU)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default=None,
+        help="default: float32 on the CPU, float16 on a GPU",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--address", default=None, help="a Ray cluster to join ('auto': the one on this machine); default: start one"
+    )
+    parser.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of the local Ray started without --address (default: all)"
+    )
+    args = parser.parse_args(argv)
+    if args.replicas is not None and args.autoscaling is not None:
+        parser.error("pass --replicas or --autoscaling, not both")
+    for name in ("replicas", "max_batch_size", "max_images", "threads", "max_ongoing_requests", "num_cpus"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.batch_wait_timeout_s < 0:
+        parser.error(f"--batch-wait-timeout-s must be >= 0, got {args.batch_wait_timeout_s}")
+    return args
+
+
+def build(args: argparse.Namespace):
+    from .deployment import build_app
+
+    actor_options = {"num_cpus": args.threads if args.cpus_per_replica is None else args.cpus_per_replica}
+    if args.gpus_per_replica:
+        actor_options["num_gpus"] = args.gpus_per_replica
+    return build_app(
+        args.model,
+        num_replicas=args.replicas,
+        autoscaling_config=args.autoscaling,
+        ray_actor_options=actor_options,
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_timeout_s,
+        threads=args.threads,
+        dtype=args.dtype,
+        max_images_per_request=args.max_images,
+        max_ongoing_requests=args.max_ongoing_requests,
+        max_queued_requests=args.max_queued_requests,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import ray
+    from ray import serve
+
+    try:
+        app = build(args)
+    except ValueError as error:
+        print(f"ssd-serve: error: {error}", file=sys.stderr)
+        return 2
+    if args.address:
+        ray.init(address=args.address)
+    else:
+        ray.init(num_cpus=args.num_cpus or os.cpu_count(), include_dashboard=False)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: replicas and Ray shut down
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        print(
+            f"ssd-serve: serving on http://{args.host}:{args.port} (POST /generate, GET /info); Ctrl-C stops",
+            flush=True,
+        )
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("ssd-serve: stopping", file=sys.stderr)
+    finally:
+        if args.address:
+            serve.delete(APP_NAME)  # only ours: the cluster and its other applications stay
+        else:
+            serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())
