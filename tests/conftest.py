@@ -7,6 +7,7 @@ pytest_plugins = [
     "hub_server",  # the `hub` fixture: a loopback Hugging Face Hub
     "demo_server",  # the Gradio demo served in a subprocess
     "comfy_stubs.fixtures",  # the ComfyUI node pack loaded over stand-ins of ComfyUI's modules
+    "ray_cluster",  # the `ray_cluster` fixture: a local Ray the session starts and stops (serving tests)
 ]
 
 

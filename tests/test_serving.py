@@ -1,0 +1,361 @@
+"""Serving on Ray Serve (ssd_pipelines/serving): the HTTP API, batching, seeds, bad input, a replica's death.
+
+The batching tests first run without Ray on a tiny pipeline. The HTTP tests run the bundled reference model on
+two replicas of a local Ray that the session starts (tests/ray_cluster.py); every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.decoding import STRATEGIES
+from ssd_pipelines.hub import BUNDLED_MODEL
+from ssd_pipelines.serving.batching import run_batch
+from ssd_pipelines.serving.request import GenerateRequest, Limits, generators, prepare
+from ssd_pipelines.testing import tiny_pipeline
+
+APP = "ssd-test"
+STARTUP_S, REQUEST_S = 240, 180
+FAST = {"decoding": "ssd", "verify_rounds": 1}  # the reference model's quickest decoding (36 passes)
+
+
+# --- batching, without Ray --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_pipeline()
+
+
+def test_a_batch_runs_one_call_per_group_of_identical_options(tiny):
+    bodies = [
+        {"prompt": "a red circle", "seed": 1, "verify_rounds": 1},
+        {"prompt": "blue", "seed": 2, "verify_rounds": 1, "num_images": 2},
+        {"prompt": "a red circle", "seed": 3},  # verify_rounds left out: ssd's default, 2
+        {"prompt": "a red circle", "seed": 4, "verify_rounds": 2},  # the same as leaving it out
+        {"prompt": "green", "seed": 5, "decoding": "ar"},
+    ]
+    jobs = [prepare(tiny, GenerateRequest(**body)) for body in bodies]
+    results = run_batch(tiny, jobs)
+    calls = [r.stats["serving"]["call_requests"] for r in results]
+    assert calls == [2, 2, 2, 2, 1]
+    assert [r.stats["serving"]["call_images"] for r in results] == [3, 3, 2, 2, 1]
+    assert all(r.stats["serving"]["batch_size"] == 5 for r in results)
+    assert [len(r.images) for r in results] == [1, 2, 1, 1, 1] and results[4].stats["strategy"] == "ar"
+    for job, result in zip(jobs, results):  # each image is the one its seed gives alone
+        alone = tiny(
+            job.prompt,
+            num_images_per_prompt=job.num_images,
+            generator=generators(job.seeds()),
+            output_type="latent",
+            **{k: v for k, v in job.call_options().items() if k != "output_type"},
+        )
+        assert torch.equal(alone.codes, result.codes)
+
+
+@pytest.mark.filterwarnings("ignore:.*unknown to this model")  # the tiny tokenizer reads no words
+def test_a_failing_call_is_rerun_job_by_job_so_the_others_get_their_images(tiny, monkeypatch):
+    jobs = [prepare(tiny, GenerateRequest(prompt=p, seed=i)) for i, p in enumerate(["red", "poison", "blue"])]
+    real_call = type(tiny).__call__
+
+    def call(self, prompt, **kwargs):
+        if "poison" in ([prompt] if isinstance(prompt, str) else prompt):
+            raise RuntimeError("this prompt breaks the decoder")
+        return real_call(self, prompt, **kwargs)
+
+    monkeypatch.setattr(type(tiny), "__call__", call)
+    results = run_batch(tiny, jobs)
+    assert isinstance(results[1], RuntimeError) and "breaks" in str(results[1])
+    assert len(results[0].images) == len(results[2].images) == 1
+
+
+def test_a_request_is_refused_before_batching_with_the_pipelines_message(tiny):
+    with pytest.raises(ValueError) as direct:
+        tiny("a red circle", decoding="ar", verify_rounds=1)
+    with pytest.raises(ValueError) as served:
+        prepare(tiny, GenerateRequest(prompt="a red circle", decoding="ar", verify_rounds=1))
+    assert str(served.value) == str(direct.value)
+    with pytest.raises(ValueError, match="at most 2 images a request"):
+        prepare(tiny, GenerateRequest(prompt="a red circle", num_images=3), Limits(max_images_per_request=2))
+
+
+def test_ssd_serve_help_lists_its_options(capsys):
+    from importlib.metadata import entry_points
+
+    from ssd_pipelines.serving import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--model",
+        "--replicas",
+        "--autoscaling",
+        "--max-batch-size",
+        "--batch-wait-timeout-s",
+        "--port",
+        "--host",
+        "--address",
+        "--threads",
+        "--gpus-per-replica",
+    ):
+        assert flag in text
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "ssd-serve"]
+    assert script.value == "ssd_pipelines.serving.cli:main"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--replicas", "2", "--autoscaling", '{"max_replicas": 2}'])
+    assert "not both" in capsys.readouterr().err
+
+
+# --- the HTTP API on Ray Serve ------------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, url: str):
+        self.url = url
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            return json.load(response)
+
+    def post(self, body, timeout: float = REQUEST_S) -> tuple[int, dict | bytes, dict]:
+        """(status, JSON or PNG bytes, headers); HTTP errors are answers too."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + "/generate", data=data, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status, payload, headers = response.status, response.read(), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            status, payload, headers = error.code, error.read(), dict(error.headers)
+        if headers.get("content-type", headers.get("Content-Type", "")).startswith("application/json"):
+            payload = json.loads(payload)
+        return status, payload, headers
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def within(seconds: float, what: str, work):
+    """Run `work()` in a thread; fail the test (not hang it) if it takes longer than `seconds`."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = work()
+        except BaseException as error:  # noqa: BLE001 (raised below)
+            result["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"{what} took over {seconds} s")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster):
+    from ray import serve
+
+    from ssd_pipelines.serving.deployment import build_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_app(
+        BUNDLED_MODEL,
+        num_replicas=2,
+        ray_actor_options={"num_cpus": 0.5},
+        max_batch_size=8,
+        batch_wait_timeout_s=0.25,  # long enough for 16 requests sent at once to meet in batches
+        threads=1,
+    )
+    started = time.perf_counter()
+    try:
+        within(STARTUP_S, "starting two replicas", lambda: serve.run(app, name=APP, route_prefix="/"))
+        print(f"serve.run: {time.perf_counter() - started:.1f} s")
+        yield Server(f"http://127.0.0.1:{port}")
+    finally:
+        within(120, "serve.shutdown", serve.shutdown)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = SSDAutoregressivePipeline.from_pretrained(BUNDLED_MODEL)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def direct_generator(seed: int, images: int) -> list[torch.Generator]:
+    """What a direct call passes to draw what the server drew for `seed`: image j from seed + j."""
+    return [torch.Generator().manual_seed(seed + j) for j in range(images)]
+
+
+def decoded_png(data: bytes) -> np.ndarray:
+    return np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_health_and_info(server):
+    assert server.get("/health")["status"] == "ok"
+    info = server.get("/info")
+    assert info["model"] == str(BUNDLED_MODEL) and info["image_size"] == {"height": 64, "width": 64}
+    assert info["image_sizes"] == [{"height": 64, "width": 64}] and info["grid"]["rows"] == 16
+    assert info["default_decoding"] == "ssd" and info["default_guidance_scale"] == 3.0
+    assert set(info["decodings"]) == set(STRATEGIES)
+    for name, cls in STRATEGIES.items():  # read from the strategies' declarations
+        described = info["decodings"][name]
+        assert described["lossless"] == cls.lossless and described["summary"] == cls.summary
+        assert described["available"] and described["options"] == {
+            o.name: {"default": o.default, "minimum": o.minimum, "about": o.about} for o in cls.options
+        }
+    assert info["decodings"]["ssd"]["options"]["verify_rounds"]["default"] == 2
+    assert info["decodings"]["exact"]["lossless"] and not info["decodings"]["ssd"]["lossless"]
+    assert info["serving"]["max_batch_size"] == 8 and "verify_rounds" in info["request_fields"]
+
+
+@pytest.mark.parametrize(
+    "body, direct",
+    [
+        ({"prompt": "a red circle", "decoding": "nope"}, {"decoding": "nope"}),
+        ({"prompt": "a red circle", "decoding": "ar", "window": 3}, {"decoding": "ar", "window": 3}),
+        (
+            {"prompt": "a red circle", "decoding": "exact", "verify_rounds": 1},
+            {"decoding": "exact", "verify_rounds": 1},
+        ),
+        ({"prompt": ""}, {"prompt": ""}),
+        ({"prompt": "   "}, {"prompt": "   "}),
+        ({"prompt": "a red circle", "height": 100}, {"height": 100}),
+        ({"prompt": "a red circle", "width": 64.5}, {"width": 64.5}),
+        ({"prompt": "a red circle", "num_images": 2.5}, {"num_images_per_prompt": 2.5}),
+        ({"prompt": "a red circle", "temperature": -1}, {"temperature": -1}),
+        ({"prompt": "a red circle", "verify_rounds": 1.5}, {"verify_rounds": 1.5}),
+    ],
+    ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v),
+)
+def test_bad_input_gets_400_with_the_pipelines_message(server, pipe, body, direct):
+    with pytest.raises(ValueError) as expected:
+        pipe(**{"prompt": "a red circle", **direct}, output_type="latent")
+    status, answer, _ = server.post(body, timeout=60)
+    assert status == 400 and answer == {"error": str(expected.value)}
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"prompt": "a red circle", "verify_round": 1}, "verify_round: Extra inputs are not permitted"),
+        ({"prompt": 3}, "prompt: Input should be a valid string"),
+        ({"seed": 1}, "prompt: Field required"),
+        ({"prompt": "a red circle", "num_images": 2, "response": "png"}, "ask response='json'"),
+        ({"prompt": "a red circle", "num_images": 9}, "at most 8 images a request"),
+        (b"{not json", "the body is not JSON"),
+    ],
+)
+def test_bodies_the_pipeline_never_sees_get_400_too(server, body, says):
+    status, answer, _ = server.post(body, timeout=60)
+    assert status == 400 and says in answer["error"]
+
+
+def test_sixteen_concurrent_requests_are_answered_in_batches_and_seeds_hold(server, pipe):
+    """16 requests at once, two option sets: all answered, some in batches > 1 and sharing pipeline calls, each
+    image the one its seed gives in a direct call of its own."""
+    prompts = ["a red circle", "two blue squares", "a yellow cross left of a green ring"]
+    bodies = [
+        {"prompt": prompts[i % 3], "seed": 100 + i, **FAST, **({"temperature": 0.8} if i % 4 == 3 else {})}
+        for i in range(16)
+    ]
+    bodies[5] |= {"num_images": 2}
+    started = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(server.post, bodies, timeout=REQUEST_S + 30))
+    print(f"16 concurrent requests: {time.perf_counter() - started:.1f} s")
+    assert [status for status, _, _ in answers] == [200] * 16, [a for s, a, _ in answers if s != 200]
+    serving = [answer["stats"]["serving"] for _, answer, _ in answers]
+    assert max(s["batch_size"] for s in serving) > 1, serving
+    assert all(s["call_requests"] <= s["batch_size"] for s in serving)
+    assert len({s["replica"] for s in serving}) == 2  # both replicas took requests
+    assert max(s["call_requests"] for s in serving) > 1  # requests shared pipeline calls
+    assert [len(answer["images"]) for _, answer, _ in answers] == [2 if i == 5 else 1 for i in range(16)]
+    batched = [i for i, s in enumerate(serving) if s["call_requests"] > 1] or [0]
+    for i in sorted({batched[0], 3, 5}):  # a batched one, one of the other options, the two-image one
+        body, answer = bodies[i], answers[i][1]
+        options = {k: v for k, v in body.items() if k not in ("prompt", "seed", "num_images")}
+        count = body.get("num_images", 1)
+        direct = pipe(
+            body["prompt"],
+            num_images_per_prompt=count,
+            generator=direct_generator(body["seed"], count),
+            **options,
+        )
+        assert answer["codes"] == direct.codes.tolist(), f"request {i}: {serving[i]}"
+        for encoded, image in zip(answer["images"], direct.images):  # rounding of a batched VQ decoder: +-1
+            assert np.abs(decoded_png(base64.b64decode(encoded)).astype(int) - np.asarray(image)).max() <= 2
+
+
+def test_png_response_is_the_image_with_its_stats_in_headers(server, pipe):
+    status, png, headers = server.post({"prompt": "three green triangles", "seed": 7, "response": "png", **FAST})
+    assert status == 200 and png.startswith(b"\x89PNG")
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert json.loads(headers["x-ssd-stats"])["serving"]["batch_size"] >= 1
+    direct = pipe("three green triangles", generator=direct_generator(7, 1), **FAST)
+    assert np.abs(decoded_png(png).astype(int) - np.asarray(direct.images[0])).max() <= 2
+
+
+def replica_names() -> list[str]:
+    import ray
+
+    from ssd_pipelines.serving.deployment import DEPLOYMENT_NAME
+
+    prefix = f"SERVE_REPLICA::{APP}#{DEPLOYMENT_NAME}#"  # this test's own application only
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
+
+
+def test_a_replica_killed_under_load_is_replaced_and_no_request_hangs(server):
+    import ray
+    from ray import serve
+
+    before = replica_names()
+    assert len(before) == 2, before
+    bodies = [{"prompt": "a blue ring", "seed": 200 + i, **FAST} for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(server.post, body) for body in bodies]
+        time.sleep(1.5)  # the requests are queued or decoding on both replicas
+        ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
+        answers = [future.result(timeout=REQUEST_S + 30) for future in futures]
+    for status, answer, _ in answers:  # an image, or an error that says so: never a hang
+        assert (status == 200 and len(answer["images"]) == 1) or (status >= 500 and answer), (status, answer)
+    failed = next((answer for status, answer, _ in answers if status != 200), None)
+    print(f"killed {before[0]}: {[status for status, _, _ in answers]}, a failed one said {failed!r}")
+
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        names = replica_names()
+        status = serve.status().applications[APP]
+        running = status.deployments["SSDServer"].replica_states.get("RUNNING", 0)
+        if status.status == "RUNNING" and running == 2 and before[0] not in names and len(names) == 2:
+            break
+        assert time.monotonic() < deadline, f"Serve did not replace the replica: {status}, {names}"
+        time.sleep(1)
+    with ThreadPoolExecutor(4) as pool:
+        later = list(pool.map(server.post, bodies[:4], timeout=REQUEST_S + 30))
+    assert [status for status, _, _ in later] == [200] * 4

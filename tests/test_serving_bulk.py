@@ -1,0 +1,138 @@
+"""Bulk generation on Ray Data (ssd_pipelines/serving/bulk.py): resumable, nothing redone, seeds by prompt index.
+
+The bookkeeping tests run without Ray. The job itself runs in a subprocess that joins the session's Ray
+(tests/ray_cluster.py), is killed once some images are written, and is run again to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.hub import BUNDLED_MODEL
+from ssd_pipelines.serving import bulk
+from ssd_pipelines.serving.bulk_store import BulkOutput
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_S = 240
+PROMPTS = [
+    "a red circle",
+    "two blue squares",
+    "",  # a blank line draws nothing, and the lines after it keep their numbers
+    "a yellow cross",
+    "three green triangles",
+    "a blue ring left of a red square",
+    "a green circle",
+    "two yellow triangles",
+    "a red cross above a blue circle",
+    "a purple square",
+    "a green ring",
+    "three red circles",
+    "a blue triangle",
+]
+
+
+def test_finished_prompts_survive_a_record_cut_short_and_a_changed_file_is_refused(tmp_path):
+    output = BulkOutput(tmp_path)
+    output.claim({"decoding": "ssd", "seed": 0})
+    with open(output.stats_path, "a") as log:
+        output.write(log, 0, b"png-0", {"index": 0, "prompt": "a red circle"})
+        output.write(log, 1, b"", {"index": 1, "prompt": "blue", "error": "ValueError: no"})
+        log.write('{"index": 2, "prompt": "gre')  # killed while writing
+    assert output.finished({0: "a red circle", 1: "blue", 2: "green"}) == {0}  # the error is drawn again
+    assert output.stats_path.read_text().endswith("}\n")  # the torn line is gone: the next append starts clean
+    with pytest.raises(ValueError, match="the prompts file changed"):
+        output.finished({0: "a blue circle"})
+    with pytest.raises(ValueError, match=r"other settings \(seed: 0 then, 1 now\)"):
+        BulkOutput(tmp_path).claim({"decoding": "ssd", "seed": 1})
+
+
+def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    for argv, says in [
+        (["--decoding", "ar", "--verify-rounds", "1"], "verify_rounds applies to"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+    ]:
+        with pytest.raises(SystemExit):
+            bulk.parse_args([str(prompts), "--out", str(tmp_path / "out"), *argv])
+        assert says in capsys.readouterr().err
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "stats.jsonl").read_text().splitlines() if line.strip()]
+
+
+def start(prompts: Path, out: Path, address: str, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "ssd_pipelines.serving.bulk", str(prompts), "--out", str(out)]
+    command += [
+        "--address",
+        address,
+        *["--decoding", "ssd", "--verify-rounds", "1", "--seed", "5", "--batch-size", "2"],
+    ]
+    with open(log, "ab") as sink:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def test_the_bulk_job_resumes_after_a_kill_without_redoing_a_prompt(ray_cluster, tmp_path):
+    prompts, out, log = tmp_path / "prompts.txt", tmp_path / "out", tmp_path / "bulk.log"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    wanted = {i for i, p in enumerate(PROMPTS) if p}
+    started = time.perf_counter()
+    first = start(prompts, out, ray_cluster.address, log)
+    try:
+        deadline = time.monotonic() + RUN_S
+        while not ((out / "stats.jsonl").exists() and len(records(out)) >= 2):
+            assert first.poll() is None, f"the job ended before it was killed:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no images after {RUN_S} s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # its own process group: only the job this test started
+        first.wait(timeout=30)
+    killed_at = time.perf_counter() - started
+    before = {r["index"]: r for r in records(out)}
+    assert 2 <= len(before) < len(wanted), "the job finished before it could be killed: add prompts"
+    stamps = {i: (out / r["image"]).stat().st_mtime_ns for i, r in before.items()}
+
+    second = start(prompts, out, ray_cluster.address, log)
+    try:
+        assert second.wait(timeout=RUN_S) == 0, log.read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait(timeout=30)
+    print(f"killed after {killed_at:.1f} s with {len(before)} drawn; whole job {time.perf_counter() - started:.1f} s")
+    assert f"{len(before)} drawn already, {len(wanted) - len(before)} to draw" in log.read_text()
+
+    every = records(out)
+    assert sorted(r["index"] for r in every) == sorted(wanted)  # each prompt once: none redone, none missing
+    assert all("error" not in r for r in every) and len({r["run"] for r in every}) == 2
+    assert {i: (out / r["image"]).stat().st_mtime_ns for i, r in before.items()} == stamps  # left as they were
+    assert all(r["seed"] == 5 + r["index"] and r["prompt"] == PROMPTS[r["index"]] for r in every)
+    assert sorted(p.name for p in (out / "images").iterdir()) == [f"{i:06d}.png" for i in sorted(wanted)]
+
+    # An image is the one its seed gives in a direct call, whatever batch it was drawn in.
+    pipe = SSDAutoregressivePipeline.from_pretrained(BUNDLED_MODEL)
+    pipe.set_progress_bar_config(disable=True)
+    record = max(every, key=lambda r: r["index"])
+    seed = 5 + record["index"]
+    direct = pipe(record["prompt"], decoding="ssd", verify_rounds=1, generator=[torch.Generator().manual_seed(seed)])
+    drawn = np.asarray(PIL.Image.open(out / record["image"]).convert("RGB")).astype(int)
+    # The same codes; the VQ decoder's convolutions round a batch of two and an image alone a little differently
+    # (a pixel off by 1), and one different code would change a whole 4 x 4 patch.
+    assert np.abs(drawn - np.asarray(direct.images[0]).astype(int)).max() <= 2
