@@ -11,8 +11,8 @@ Each answer's `stats["serving"]` says what batch it ran in and how long it queue
 `build_app(...)` makes the application; `ssd-serve` (serving/cli.py) runs it.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the body model off `generate`'s annotation, and Serve's
-# ingress rebuilds the methods where a string annotation no longer resolves.
+# No `from __future__ import annotations`: FastAPI reads the body model off `generate`'s annotation, and with it
+# (a string) FastAPI under Serve's ingress took the body for a required query parameter and refused every request.
 import asyncio
 
 from fastapi import FastAPI
