@@ -4,6 +4,7 @@ ssd-serve                                                    # the reference mod
 ssd-serve --model hub_cards/ssd-reference --replicas 2 --max-batch-size 8 --port 8000
 ssd-serve --address auto --host 0.0.0.0                      # join a running Ray cluster
 ssd-serve --autoscaling '{"min_replicas": 1, "max_replicas": 4}'
+ssd-serve --exact-max-batch measure                          # auto's crossover timed by each replica at start-up
 
 Without --address it starts a local Ray with this machine's CPUs (and GPUs) and stops it on exit; with --address
 it joins that cluster and on exit deletes only its own application. docs/serving.md describes the HTTP API.
@@ -53,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="requests that may wait; beyond, HTTP 503 (default: no cap)",
     )
+    parser.add_argument(
+        "--exact-max-batch",
+        type=_exact_max_batch,
+        default=None,
+        metavar="N|measure",
+        help="auto's crossover for requests that leave it out: the largest call decoded with exact, larger ones "
+        "with ar; 'measure': each replica times exact against ar at start-up (~30 s on a CPU); default 3",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica (default 1)")
     parser.add_argument(
         "--cpus-per-replica", type=float, default=None, help="Ray CPUs per replica (default: --threads)"
@@ -84,6 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _exact_max_batch(value: str) -> int | str:
+    if value == "measure":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an int >= 0 or 'measure', got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"an int >= 0 or 'measure', got {value!r}")
+    return number
+
+
 def build(args: argparse.Namespace):
     from .deployment import build_app
 
@@ -102,6 +123,7 @@ def build(args: argparse.Namespace):
         max_images_per_request=args.max_images,
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
+        exact_max_batch=args.exact_max_batch,
     )
 
 

@@ -122,10 +122,18 @@ def generators(seeds: list[int]) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(seed) for seed in seeds]
 
 
-def prepare(pipe, request: _RequestFields, limits: Limits = Limits()) -> Job:
-    """Check a request as the pipeline would; a ValueError carries the pipeline's message."""
+def prepare(pipe, request: _RequestFields, limits: Limits = Limits(), option_defaults: dict | None = None) -> Job:
+    """Check a request as the pipeline would; a ValueError carries the pipeline's message. `option_defaults`:
+    the server's own defaults of decoding options (its measured `exact_max_batch`), for a request that leaves
+    them out and whose decoding takes them."""
     values = request.model_dump()
     options = {name: values[name] for name in decoding_options()}
+    takes = (
+        {option.name for option in strategy_class(request.decoding).options} if request.decoding in STRATEGIES else ()
+    )
+    for name, value in (option_defaults or {}).items():
+        if options.get(name) is None and name in takes:
+            options[name] = value
     num_images = _num_images(values["num_images"], values["num_images_per_prompt"])
     _check_inputs(pipe, request, num_images, options)  # in the pipeline's order, with its messages
     check_options(request.decoding, **options)  # any option its signature does not name yet
