@@ -146,12 +146,15 @@ class RowDraftHead(nn.Module):
         hidden: torch.Tensor,
         embeds: torch.Tensor,
         row_embeds: torch.Tensor,
-        first_state: torch.Tensor | None = None,
+        row_states: torch.Tensor | None = None,
+        true_left: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every cell of the row below, cell x reading row_embeds at x-1..x-L: [..., C, d] -> [..., C, d_h].
 
-        "recurrent": unrolled left to right, cell 0 reading a zero state, cell 1 first_state [..., d_h] (the true
-        state predicting cell 0, which block ssd has), every later cell the step's own output at x - 1."""
+        "recurrent": unrolled left to right, cell 0 reading a zero state, cell 1 row_states[..., 0, :] (the true
+        state predicting cell 0, which block ssd has), every later cell the step's own output at x - 1, or where
+        true_left [..., C] is True the true state row_states[..., x - 1, :]: on `exact`'s frontier the cell to
+        the left has often been through a pass, and the drafter then reads the backbone's state there."""
         context = self.context(hidden, embeds)
         if not self.left_codes:
             return self.refine(context)
@@ -165,12 +168,15 @@ class RowDraftHead(nn.Module):
         left = torch.stack(shifted, dim=-2)  # [..., C, L, d_e]
         if not self.reads_state:
             return self.step(context, left)
-        if first_state is None:
+        if row_states is None:
             raise ValueError("a 'recurrent' drafter is unrolled from the true state predicting cell 0: pass it.")
+        row_states = row_states.to(context.dtype)
         state, drafted = torch.zeros_like(context[..., 0, :]), []
         for x in range(cols):
             drafted.append(self.step(context[..., x, :], left[..., x, :, :], state))
-            state = first_state.to(context.dtype) if x == 0 else drafted[-1]
+            state = row_states[..., x, :] if x == 0 else drafted[-1]
+            if true_left is not None and 0 < x < cols - 1:
+                state = torch.where(true_left[..., x + 1, None], row_states[..., x, :], state)
         return torch.stack(drafted, dim=-2)
 
 
@@ -313,12 +319,14 @@ class DraftHeads(ModelMixin, ConfigMixin):
         embeds_above: torch.Tensor,
         row_embeds: torch.Tensor,
         row_hidden: torch.Tensor | None = None,
+        true_left: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Training: the row below of every row above at once. hidden_above [..., C, d_h], embeds_above
         [..., C, d_e], row_embeds [..., C, d_e] the embeddings of the drafted row's true codes (cell x reads
         x-1..x-left_codes of them, start vectors off the row; only the in-row kinds read them), row_hidden
-        [..., C, d_h] the drafted row's true states (only "recurrent" reads one: column 0's, the state its cell 1
-        starts from; its later cells read the drafter's own outputs, unrolled) -> [..., C, d_h].
+        [..., C, d_h] the drafted row's true states (only "recurrent" reads them: column 0's, the state its cell 1
+        starts from; its later cells read the drafter's own outputs, unrolled, or the true state to their left
+        where true_left [..., C] is True) -> [..., C, d_h].
 
         Cell x gives what `draft_step` gives with the same codes (and states) to its left. Works for every kind
         ("cell": the offset-1 head)."""
@@ -328,8 +336,8 @@ class DraftHeads(ModelMixin, ConfigMixin):
         if self.drafter == "cell":
             out = head(hidden, embeds)
         else:
-            first_state = None if row_hidden is None or not self.reads_left_state else row_hidden[..., 0, :].to(dtype)
-            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype), first_state)
+            states = row_hidden if self.reads_left_state else None
+            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype), states, true_left)
         return out.to(hidden_above.dtype)
 
     def _row_head(self, method: str, in_row: bool = False) -> RowDraftHead:

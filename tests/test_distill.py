@@ -15,7 +15,7 @@ from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_llama, tiny_tokenizer
 from ssd_pipelines.training.distill import main
 from ssd_pipelines.training.distill_data import DistillationData, collect, shard_folder
-from ssd_pipelines.training.head_loss import HeadLosses, distill_loss, head_offsets, heldout_acceptance
+from ssd_pipelines.training.head_loss import HeadLosses, batch_loss, distill_loss, head_offsets, heldout_acceptance
 from ssd_pipelines.training.head_training import train_heads
 
 PROMPTS = ["a red circle", "blue square", "the green square left of a circle", "red"]
@@ -270,6 +270,30 @@ def test_cli_trains_a_recurrent_drafter_and_reports_heldout_acceptance(tmp_path)
     assert heads.drafter == "recurrent" and heads.reads_left_state
     with pytest.raises(ValueError, match="--eval-images 12 must be between 1 and 11"):
         main(_tiny_cli(tmp_path, prompts, "--steps", "1", "--eval-images", "12"))
+
+
+def test_true_state_share_trains_a_recurrent_drafter_on_the_true_left_states(backbone):
+    """At share 0 the loss is the plain unroll's; at 1 every cell reads the true state to its left, which changes
+    it; a share outside [0, 1], or one for heads that read no state, is refused."""
+    heads = tiny_heads(backbone, horizontal=(1,), vertical=(1,), drafter="recurrent")
+    sampling = SamplingConfig(guidance_scale=2.0)
+    data = _random_data(backbone)
+    _, plain = distill_loss(heads, backbone, data, loss="kl", sampling=sampling)
+    _, zero = batch_loss(HeadLosses(heads, "kl", backbone, sampling, true_state_share=0.0), backbone, data)
+    _, every = batch_loss(HeadLosses(heads, "kl", backbone, sampling, true_state_share=1.0), backbone, data)
+    torch.testing.assert_close(zero, plain, rtol=0, atol=0)
+    assert float((every[1] - plain[1]).abs()) > 1e-4 and torch.equal(every[0], plain[0])  # horizontal head alike
+    with pytest.raises(ValueError, match=r"true_state_share is a share of cells: pass a value in \[0, 1\], got 1.5"):
+        HeadLosses(heads, "kl", backbone, sampling, true_state_share=1.5)
+    with pytest.raises(ValueError, match="true_state_share is for a 'recurrent' drafter.*vertical_drafter='cell'"):
+        HeadLosses(tiny_heads(backbone, horizontal=(1,), vertical=(1,)), "kl", backbone, sampling, 0.5)
+
+
+def test_cli_refuses_a_true_state_share_for_heads_that_read_no_state(tmp_path):
+    options = ("--vertical", "1", "--vertical-drafter", "inrow", "--true-state-share", "0.5")
+    with pytest.raises(ValueError, match="true_state_share is for a 'recurrent' drafter.*'inrow'"):
+        main(_tiny_cli(tmp_path, PROMPTS, *options))
+    assert not (tmp_path / "heads").exists()
 
 
 def test_heldout_acceptance_is_one_minus_the_tv_loss(backbone):

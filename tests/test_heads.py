@@ -252,3 +252,27 @@ def test_recurrent_unrolled_equals_stepwise_from_its_own_outputs():
         heads.draft_step(context[:, 1], left)
     with pytest.raises(ValueError, match="only a 'recurrent' drafter reads the state"):
         row_heads("inrow").draft_step(context[:, 1], left, state)
+
+
+def test_recurrent_unrolled_reads_the_true_state_where_true_left_says():
+    """true_left [..., C] (training for exact's frontier): cell x >= 2 reads the true state predicting x - 1 where
+    it is True, its own output there elsewhere; all False is the plain unroll, and cell 1 always reads the truth."""
+    heads = randomise(row_heads("recurrent", left_codes=2))
+    cols = 6
+    hidden, embeds, row = torch.randn(2, cols, 16), torch.randn(2, cols, 12), torch.randn(2, cols, 12)
+    states = torch.randn(2, cols, 16)
+    true_left = torch.tensor([[False, False, True, False, True, True], [True, True, False, False, False, True]])
+    forced = heads.draft_below_teacher_forced(hidden, embeds, row, states, true_left)
+    context = heads.row_context(hidden, embeds)
+    state = torch.zeros(2, 16)
+    for x in range(cols):
+        columns = torch.arange(x - 1, x - 3, -1)
+        left = heads.start_embeds(row[:, columns.clamp_min(0)], (columns < 0).expand(2, -1))
+        stepped = heads.draft_step(context[:, x], left, state)
+        torch.testing.assert_close(forced[:, x], stepped)
+        if x + 1 < cols:
+            state = states[:, 0] if x == 0 else torch.where(true_left[:, x + 1, None], states[:, x], stepped)
+    plain = heads.draft_below_teacher_forced(hidden, embeds, row, states)
+    none_true = heads.draft_below_teacher_forced(hidden, embeds, row, states, torch.zeros_like(true_left))
+    torch.testing.assert_close(none_true, plain, rtol=0, atol=0)
+    assert not torch.allclose(forced[:, 3:], plain[:, 3:])

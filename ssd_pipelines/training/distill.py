@@ -53,7 +53,7 @@ from ..backbones.base import ImageBackbone
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..sampling import SamplingConfig
 from .distill_data import collect, shard_folder
-from .head_loss import LOSSES, check_offsets, heldout_acceptance
+from .head_loss import LOSSES, check_offsets, check_true_state_share, heldout_acceptance
 from .head_training import train_heads
 
 
@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
         default="smooth_l1",
         help="smooth_l1: the paper's, on hidden states; kl: KL(p || q) of the verifier's guided distributions; "
         "kl+smooth_l1: both; tv: total variation, 1 - acceptance",
+    )
+    p.add_argument(
+        "--true-state-share",
+        type=float,
+        default=0.0,
+        help="recurrent: share of cells trained on the true state to their left rather than the drafter's own "
+        "output there, as on exact's frontier, where the cell to the left has often been through a pass",
     )
     p.add_argument(
         "--eval-images",
@@ -214,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.horizontal_from:
         take_horizontal_heads(heads, DraftHeads.from_pretrained(args.horizontal_from), args.horizontal_from)
     check_offsets(heads, backbone.grid.rows, backbone.grid.cols)  # before generating, not after
+    check_true_state_share(heads, args.true_state_share)
     shard = _shard(accelerator, [p for p in _read_prompts(args.prompts) for _ in range(args.images_per_prompt)])
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.guidance)
 
@@ -273,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         args.seed,
         args.loss,
         verifier,
+        args.true_state_share,
     )
     if heldout is not None:
         log["heldout_acceptance"] = heldout_acceptance(heads, backbone, heldout, verifier)

@@ -41,11 +41,25 @@ def check_offsets(heads: DraftHeads, rows: int, cols: int) -> None:
             raise ValueError(f"head {name} has no target cell in a {rows}x{cols} grid: train fewer heads.")
 
 
+def check_true_state_share(heads: DraftHeads, share: float) -> None:
+    """Raise unless `share` is a share of cells and, if not 0, these heads read the state to a cell's left."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"true_state_share is a share of cells: pass a value in [0, 1], got {share}.")
+    if share and not heads.reads_left_state:
+        raise ValueError(
+            "true_state_share is for a 'recurrent' drafter, which reads the state to a cell's left; these heads "
+            f"have vertical_drafter={heads.drafter!r}: leave it at 0."
+        )
+
+
 class HeadLosses(nn.Module):
     """Every head's loss on a batch, as one module so DDP can wrap it (DraftHeads has no forward).
 
     loss: one of LOSSES. The distribution losses read the backbone's final norm and output head (frozen, not a
     submodule: DDP must not see them) and compare the distributions under `sampling`'s guidance and temperature.
+    true_state_share: for a "recurrent" drafter, the share of cells (past the row's second) that read the true state
+    to their left instead of the drafter's own output there, drawn afresh each batch: decoding on `exact`'s
+    frontier gives it both.
     """
 
     def __init__(
@@ -54,13 +68,16 @@ class HeadLosses(nn.Module):
         loss: str = "smooth_l1",
         backbone: ImageBackbone | None = None,
         sampling: SamplingConfig | None = None,
+        true_state_share: float = 0.0,
     ):
         super().__init__()
+        check_true_state_share(heads, true_state_share)
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)}.")
         if loss != "smooth_l1" and (backbone is None or sampling is None):
             raise ValueError(f"loss {loss!r} compares distributions: pass the backbone and the sampling config.")
         self.heads, self.loss, self.backbone, self.sampling = heads, loss, backbone, sampling
+        self.true_state_share = true_state_share
         self.backbone_dtype = None  # the dtype its output head computes in, read from a code's embedding
         if loss != "smooth_l1":
             code = torch.zeros(1, dtype=torch.long, device=backbone.device)
@@ -79,8 +96,12 @@ class HeadLosses(nn.Module):
             if name.startswith("vertical") and self.heads.config.get("vertical_drafter", "cell") != "cell":
                 # a row drafter reads the whole row above, and (in-row) the true codes left of each cell;
                 # "recurrent" is unrolled along the row from the true state predicting its first cell
+                true_left = None
+                if self.true_state_share:  # one draw per image, row and column, shared by the guidance branches
+                    b, _, r, c = hidden[target].shape[:4]
+                    true_left = torch.rand(b, 1, r, c, device=hidden.device) < self.true_state_share
                 predicted = self.heads.draft_below_teacher_forced(
-                    hidden[source], embeds[source], embeds[target], hidden[target]
+                    hidden[source], embeds[source], embeds[target], hidden[target], true_left
                 )
             else:
                 predicted = head(hidden[source], embeds[source])

@@ -50,6 +50,7 @@ def train_heads(
     seed: int = 0,
     loss: str = "smooth_l1",
     sampling: SamplingConfig | None = None,
+    true_state_share: float = 0.0,
 ) -> dict:
     """Train `heads` in place with AdamW on this process's `data`; returns a JSON-ready log.
 
@@ -58,7 +59,7 @@ def train_heads(
     and never reaches the optimizer. The loss curve holds [step, loss] averaged
     over the steps since the previous entry and over processes; the first entry
     is step 0 alone, the untrained loss. `final_per_head` splits the last entry by head.
-    loss, sampling: see `HeadLosses` (the distribution losses compare p and q under `sampling`).
+    loss, sampling, true_state_share: see `HeadLosses` (the distribution losses compare p and q under `sampling`).
     """
     if steps < 1 or len(data) == 0:
         raise ValueError(f"training needs steps >= 1 and some data, got steps={steps} and {len(data)} images.")
@@ -67,7 +68,7 @@ def train_heads(
     optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=lr)  # frozen heads stay
     # Not prepared: accelerate would step a prepared scheduler once per process, and every process runs all steps.
     scheduler = _schedule(optimizer, schedule, steps)
-    objective, optimizer = accelerator.prepare(HeadLosses(heads, loss, backbone, sampling), optimizer)
+    objective, optimizer = accelerator.prepare(HeadLosses(heads, loss, backbone, sampling, true_state_share), optimizer)
     batches = _batches(len(data), batch_size, torch.Generator().manual_seed(seed + accelerator.process_index))
     names = [name for name, _, _ in trained_offsets(heads)]
     log: dict = {"loss": [], "final_per_head": {}, "steps": 0}
