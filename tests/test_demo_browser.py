@@ -176,8 +176,11 @@ def test_the_preview_keeps_its_size_run_after_run(page):
         page.locator("#generate").click()
         expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
         page.wait_for_load_state("networkidle")
-        # a picture being swapped is 0 px for a frame; a collapsed one stayed so (the 1.5 s here is generous)
-        page.wait_for_timeout(1500)
+        # a picture being swapped is 0 px until it loads, on a loaded CPU for a while; a collapsed one loaded at 20 px
+        page.wait_for_function(
+            "() => { const img = document.querySelector('#preview img'); return img?.complete && img.naturalWidth > 0 }",
+            timeout=WAIT_MS,
+        )
         size = page.locator("#preview img").evaluate(
             "img => [img.complete, img.naturalWidth, img.naturalHeight, img.getBoundingClientRect().width]"
         )
