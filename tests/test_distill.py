@@ -14,7 +14,13 @@ from accelerate import Accelerator
 from ssd_pipelines import ARDecoding, DraftHeads, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_llama, tiny_tokenizer
 from ssd_pipelines.training.distill import main
-from ssd_pipelines.training.distill_data import DistillationData, collect, shard_folder
+from ssd_pipelines.training.distill_data import (
+    DistillationData,
+    collect,
+    rollout_images,
+    shard_folder,
+    teacher_forced_hidden,
+)
 from ssd_pipelines.training.head_loss import HeadLosses, batch_loss, distill_loss, head_offsets, heldout_acceptance
 from ssd_pipelines.training.head_training import train_heads
 
@@ -39,6 +45,39 @@ def test_collect_keeps_both_branches_per_image_in_16_bits(backbone):
     assert torch.equal(data.codes, out.codes.int())
     torch.testing.assert_close(data.hidden[:, 0], out.hidden[:4].half())
     torch.testing.assert_close(data.hidden[:, 1], out.hidden[4:].half())
+
+
+@pytest.mark.parametrize("eol", [True, False], ids=["eol", "no-eol"])
+def test_teacher_forced_hidden_is_what_ar_records_as_it_samples(eol):
+    backbone = tiny_backbone(rows=4, cols=5, codebook_size=8, eol=eol)
+    sampling = SamplingConfig(guidance_scale=2.0)
+    batch = backbone.encode_prompts(PROMPTS[:3], guidance=True)  # different lengths: left-padded
+    ar = ARDecoding(record_hidden=True).decode(backbone, batch, sampling, generator=torch.Generator().manual_seed(1))
+    # a block pass rounds differently from one-token passes: equal up to float32 rounding, not bit for bit
+    torch.testing.assert_close(teacher_forced_hidden(backbone, batch, ar.codes), ar.hidden, atol=2e-4, rtol=1e-4)
+
+
+def test_collect_decodes_the_first_batches_with_the_rollout_strategy(backbone):
+    """Rollout batches hold the strategy's own codes and the states one pass over them gives; the rest is AR's."""
+    sampling = SamplingConfig(guidance_scale=2.0)
+    ssd = SSDDecoding(tiny_heads(backbone), verify_rounds=1)
+    data = collect(backbone, PROMPTS, sampling, batch_size=2, seed=5, rollout=ssd, rollout_share=0.5)
+    first = backbone.encode_prompts(PROMPTS[:2], guidance=True)
+    drafted = ssd.decode(backbone, first, sampling, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(data.codes[:2], drafted.codes.int())
+    hidden = teacher_forced_hidden(backbone, first, drafted.codes)
+    torch.testing.assert_close(data.hidden[:2], hidden.unflatten(0, (2, 2)).transpose(0, 1).half())
+    second = backbone.encode_prompts(PROMPTS[2:], guidance=True)
+    generator = torch.Generator().manual_seed(5 + 1_000_003)  # the second batch's own stream
+    assert torch.equal(data.codes[2:], ARDecoding().decode(backbone, second, sampling, generator=generator).codes.int())
+    ar = collect(backbone, PROMPTS, sampling, batch_size=2, seed=5)
+    assert torch.equal(data.codes[2:], ar.codes[2:]) and not torch.equal(data.codes[:2], ar.codes[:2])
+
+
+def test_rollouts_are_whole_batches_of_the_share_asked_for():
+    assert [rollout_images(100, 16, share) for share in (0, 0.1, 0.5, 1)] == [0, 16, 64, 100]
+    with pytest.raises(ValueError, match=r"share of the images: pass a value in \[0, 1\], got 1.5"):
+        rollout_images(100, 16, 1.5)
 
 
 def test_loss_is_smooth_l1_between_the_right_cells(backbone):
@@ -317,3 +356,25 @@ def test_cli_takes_the_horizontal_heads_and_trains_only_the_vertical_drafter(tmp
     assert set(json.loads((second / "distill_log.json").read_text())["final_per_head"]) == {"vertical_1"}
     with pytest.raises(ValueError, match="do not fit.*same --horizontal"):
         main([*_tiny_cli(tmp_path, PROMPTS, "--horizontal", "2", "--horizontal-from", str(second))])
+
+
+def test_cli_trains_on_the_rollouts_of_given_heads(tmp_path):
+    """--rollout-heads: the first share of the images decoded by ssd with those heads, recorded with the data
+    dir's settings; refused where the rollouts would reach the held-out images, and for heads of another shape."""
+    prompts = [f"{p} {i}" for i in range(2) for p in PROMPTS]  # 8 images
+    main(_tiny_cli(tmp_path, prompts, "--steps", "1"))
+    options = ("--rollout-heads", str(tmp_path / "heads"), "--generate-batch-size", "2", "--steps", "2")
+    second = ["--out", str(tmp_path / "second"), "--data-dir", str(tmp_path / "data")]
+    main([*_tiny_cli(tmp_path, prompts, *options, "--rollout-share", "0.25", "--eval-images", "4"), *second])
+    settings = json.loads((tmp_path / "data" / "collection.json").read_text())
+    assert (settings["rollout_heads"], settings["rollout_share"], settings["rollout_rounds"]) == (
+        str(tmp_path / "heads"),
+        0.25,
+        2,
+    )
+    assert json.loads((tmp_path / "second" / "distill_log.json").read_text())["processes"][0]["images"] == 4
+    with pytest.raises(ValueError, match="6 of this process's 8 images would be rollouts.*last 4 held out"):
+        main(_tiny_cli(tmp_path, prompts, *options, "--rollout-share", "0.7", "--eval-images", "4"))
+    tiny_heads(tiny_backbone(rows=6, cols=6, codebook_size=16)).save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="do not fit this backbone"):
+        main(_tiny_cli(tmp_path, prompts, "--rollout-heads", str(tmp_path / "other")))

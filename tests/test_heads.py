@@ -76,6 +76,13 @@ def randomise(heads, seed=4):
     return heads
 
 
+def left_codes_of(heads, row, x, left_codes=2):
+    """What cell x of a drafted row reads of the codes to its left, x-1 first: row [n, C, d_e] -> [n, L, d_e], the
+    start vectors where a cell falls off the row."""
+    columns = torch.arange(x - 1, x - left_codes - 1, -1)
+    return heads.start_embeds(row[:, columns.clamp_min(0)], (columns < 0).expand(row.shape[0], -1))
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -184,10 +191,7 @@ def test_inrow_teacher_forced_equals_stepwise(left_codes, cols):
     flat_h, flat_e, flat_row = hidden.flatten(0, 1), embeds.flatten(0, 1), row.flatten(0, 1)
     context = heads.row_context(flat_h, flat_e)
     for x in range(cols):
-        columns = torch.arange(x - 1, x - left_codes - 1, -1)  # x-1 first
-        left = flat_row[:, columns.clamp_min(0)]
-        left = heads.start_embeds(left, (columns < 0).expand(flat_row.shape[0], -1))
-        stepped = heads.draft_step(context[:, x], left)
+        stepped = heads.draft_step(context[:, x], left_codes_of(heads, flat_row, x, left_codes))
         torch.testing.assert_close(forced.flatten(0, 1)[:, x], stepped)
     # the start vectors are what a cell reads off the row: cell 0 reads none of the row's codes
     other = row.clone()
@@ -236,8 +240,7 @@ def test_recurrent_unrolled_equals_stepwise_from_its_own_outputs():
     context = heads.row_context(hidden, embeds)
     state = torch.zeros(3, 16)
     for x in range(cols):
-        columns = torch.arange(x - 1, x - 3, -1)
-        left = heads.start_embeds(row[:, columns.clamp_min(0)], (columns < 0).expand(3, -1))
+        left = left_codes_of(heads, row, x)
         stepped = heads.draft_step(context[:, x], left, state)
         torch.testing.assert_close(forced[:, x], stepped)
         state = states[:, 0] if x == 0 else stepped
@@ -266,9 +269,7 @@ def test_recurrent_unrolled_reads_the_true_state_where_true_left_says():
     context = heads.row_context(hidden, embeds)
     state = torch.zeros(2, 16)
     for x in range(cols):
-        columns = torch.arange(x - 1, x - 3, -1)
-        left = heads.start_embeds(row[:, columns.clamp_min(0)], (columns < 0).expand(2, -1))
-        stepped = heads.draft_step(context[:, x], left, state)
+        stepped = heads.draft_step(context[:, x], left_codes_of(heads, row, x), state)
         torch.testing.assert_close(forced[:, x], stepped)
         if x + 1 < cols:
             state = states[:, 0] if x == 0 else torch.where(true_left[:, x + 1, None], states[:, x], stepped)

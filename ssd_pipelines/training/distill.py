@@ -16,6 +16,10 @@ the heads' gradients (a few MB per step), and shards drawn from the same prompt
 distribution make the averaged gradient that of one batch of
 `batch_size x num_processes` images drawn from the union.
 
+A share of the images can be the rollouts of a drafter (`--rollout-heads`):
+decoded with `ssd` and those heads, so that the rows above a drafted row are
+what they are at inference, drafted and verified rather than AR's.
+
 Generations can be streamed to disk (`--data-dir`): each generated batch is a
 safetensors shard, written as soon as it is done, so a long collection that is
 stopped resumes where it was, and training reads them back.
@@ -50,9 +54,11 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from ..backbones.base import ImageBackbone
+from ..decoding import SSDDecoding
+from ..decoding.options import VERIFY_ROUNDS
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..sampling import SamplingConfig
-from .distill_data import collect, shard_folder
+from .distill_data import collect, rollout_images, shard_folder
 from .head_loss import LOSSES, check_offsets, check_true_state_share, heldout_acceptance
 from .head_training import train_heads
 
@@ -113,6 +119,17 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="recurrent: share of cells trained on the true state to their left rather than the drafter's own "
         "output there, as on exact's frontier, where the cell to the left has often been through a pass",
+    )
+    p.add_argument(
+        "--rollout-heads",
+        default=None,
+        help="a heads folder for this backbone: decode the first --rollout-share of the images with ssd and these "
+        "heads instead of AR, reading their states back with one pass over the decoded grid (the rows a drafter "
+        "meets at inference: on-policy data)",
+    )
+    p.add_argument("--rollout-share", type=float, default=0.5, help="share of the images --rollout-heads decodes")
+    p.add_argument(
+        "--rollout-rounds", type=int, default=VERIFY_ROUNDS.default, help="verify_rounds of ssd for the rollouts"
     )
     p.add_argument(
         "--eval-images",
@@ -204,6 +221,23 @@ def _build_backbone(args: argparse.Namespace, accelerator: Accelerator) -> Image
     return load_image_backbone(args.model, accelerator.device, getattr(torch, args.dtype))
 
 
+def _rollout_decoding(args: argparse.Namespace, backbone: ImageBackbone, images: int) -> SSDDecoding | None:
+    """`ssd` with --rollout-heads, or None; refused if the rollouts would reach the held-out images, which
+    measure acceptance on the backbone's own AR images."""
+    if args.rollout_heads is None:
+        return None
+    rollouts = rollout_images(images, args.generate_batch_size, args.rollout_share)
+    if args.eval_images and rollouts > images - args.eval_images:
+        raise ValueError(
+            f"{rollouts} of this process's {images} images would be rollouts (whole batches of "
+            f"{args.generate_batch_size}), reaching the last {args.eval_images} held out: lower --rollout-share "
+            "or --eval-images, or use a smaller --generate-batch-size."
+        )
+    heads = DraftHeads.from_pretrained(args.rollout_heads).to(backbone.device)
+    heads.check_compatible(backbone)
+    return SSDDecoding(heads, verify_rounds=args.rollout_rounds)
+
+
 def _save(out: Path, heads: DraftHeads, log: dict) -> None:
     heads.save_pretrained(out)
     (out / "distill_log.json").write_text(json.dumps(log, indent=1))
@@ -225,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     shard = _shard(accelerator, [p for p in _read_prompts(args.prompts) for _ in range(args.images_per_prompt)])
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.guidance)
 
+    rollout = _rollout_decoding(args, backbone, len(shard))
     started = time.perf_counter()
     seed = args.seed + accelerator.process_index
     shards = None
@@ -244,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
                 "dtype",
             )
         }
+        if rollout is not None:  # only then: data dirs written before rollouts existed still match
+            settings.update({k: getattr(args, k) for k in ("rollout_heads", "rollout_share", "rollout_rounds")})
         shards = shard_folder(Path(args.data_dir), settings, accelerator.process_index)
     data = collect(
         backbone,
@@ -254,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         seed,
         shards=shards,
         progress=accelerator.is_main_process,
+        rollout=rollout,
+        rollout_share=args.rollout_share,
     )
     collect_seconds = time.perf_counter() - started
     accelerator.print(f"process 0 has {len(data)} images after {collect_seconds:.1f}s ({data.nbytes / 2**20:.1f} MiB)")

@@ -1,5 +1,10 @@
 """Collection for self-distillation: AR images from the frozen backbone, with the hidden state at every cell.
 
+A share of the images can instead be a drafter's own rollouts: decoded with
+`ssd` and its heads, their states then read back by one pass over the decoded
+grid. Those are the rows a drafter meets at inference, where the row above was
+itself drafted and verified (on-policy data, as in DistillSpec).
+
 A collection can be streamed to disk: each generated batch is a safetensors
 shard, written as soon as it is done, so a long collection that is stopped
 resumes where it was.
@@ -15,9 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from ..backbones.base import ImageBackbone
+from ..backbones.base import ImageBackbone, PromptBatch
 from ..decoding import ARDecoding
-from ..decoding.base import DecodeOutput
+from ..decoding.base import Block, DecodeOutput, DecodingStrategy, both_branches
 from ..sampling import SamplingConfig
 
 
@@ -67,6 +72,26 @@ def _storage_dtype(hidden_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if hidden_dtype == torch.bfloat16 else torch.float16
 
 
+@torch.no_grad()
+def teacher_forced_hidden(backbone: ImageBackbone, prompts: PromptBatch, codes: torch.Tensor) -> torch.Tensor:
+    """The pre-norm state predicting every cell of grids another decoder chose, codes [B, R, C] -> [B', R, C, d],
+    from one pass over them: what AR records as it samples."""
+    grid = prompts.grid or backbone.grid
+    state, h_before = backbone.prefill(prompts)
+    block = Block(grid, 0, grid.num_cells)
+    embeds = block.embed(backbone, both_branches(codes.flatten(1), prompts.guidance))
+    hidden = block.predicting_hidden(h_before, backbone.extend(state, embeds))
+    return hidden.unflatten(1, (grid.rows, grid.cols))
+
+
+def rollout_images(images: int, batch_size: int, share: float) -> int:
+    """How many of `images` (the first, in whole batches) are rollouts when a share `share` of them is asked for."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the rollout share is a share of the images: pass a value in [0, 1], got {share}.")
+    batches = -(-round(share * images) // batch_size)
+    return min(images, batches * batch_size)
+
+
 def collect(
     backbone: ImageBackbone,
     prompts: list[str],
@@ -77,16 +102,21 @@ def collect(
     storage_dtype: torch.dtype | None = None,
     shards: Path | None = None,
     progress: bool = False,
+    rollout: DecodingStrategy | None = None,
+    rollout_share: float = 0.0,
 ) -> DistillationData:
     """Generate images_per_prompt images per prompt with AR, batch_size images per batch, recording h and codes.
 
-    Decoding is memory-bound, so a batch of 64 images costs little more than one. With `shards`, every batch is
-    also written there as it is done, and a batch already written is read back instead of generated again (the
-    batch's own seed makes it the same either way).
+    With `rollout` (e.g. `SSDDecoding(heads)`), the first batches, `rollout_images` of the images, are decoded by
+    it instead, and their states read back with `teacher_forced_hidden`. Decoding is memory-bound, so a batch of
+    64 images costs little more than one. With `shards`, every batch is also written there as it is done, and a
+    batch already written is read back instead of generated again (the batch's own seed makes it the same either
+    way).
     """
     images = [prompt for prompt in prompts for _ in range(images_per_prompt)]
     if not images:
         raise ValueError("collect needs at least one prompt and images_per_prompt >= 1.")
+    rollouts = rollout_images(len(images), batch_size, rollout_share) if rollout is not None else 0
     strategy = ARDecoding(record_hidden=True)
     parts = []
     starts = range(0, len(images), batch_size)
@@ -97,7 +127,11 @@ def collect(
             continue
         batch = backbone.encode_prompts(images[start : start + batch_size], guidance=sampling.uses_guidance)
         generator = torch.Generator(backbone.device).manual_seed(seed + 1_000_003 * index)  # its own stream
-        output = strategy.decode(backbone, batch, sampling, generator=generator)
+        if start < rollouts:
+            output = rollout.decode(backbone, batch, sampling, generator=generator)
+            output.hidden = teacher_forced_hidden(backbone, batch, output.codes)
+        else:
+            output = strategy.decode(backbone, batch, sampling, generator=generator)
         parts.append(DistillationData.from_decode(output, storage_dtype))
         if shard is not None:
             save_file({"hidden": parts[-1].hidden, "codes": parts[-1].codes}, shard)
