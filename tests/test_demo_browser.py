@@ -36,6 +36,16 @@ SETTLE_MS = 30_000  # a picture on a busy machine settles within seconds; a coll
 PREVIEW_SIZE = (
     "img => img ? [img.complete, img.naturalWidth, img.naturalHeight, img.getBoundingClientRect().width] : []"
 )
+# True once the preview has been loaded and laid out at full width for 3 polls in a row.
+SETTLED_AT_FULL_SIZE = f"""() => {{
+  const s = ({PREVIEW_SIZE})(document.querySelector('#preview img'));
+  window.previewPolls = s[0] && s[1] > 0 && s[3] > 250 ? (window.previewPolls || 0) + 1 : 0;
+  return window.previewPolls >= 3;
+}}"""
+# The preview picture and its ancestors as laid out: tag, class, width, display.
+LAYOUT = """() => { const out = []; for (let e = document.querySelector('#preview img'); e && out.length < 6;
+  e = e.parentElement) out.push([e.tagName, String(e.className), e.getBoundingClientRect().width,
+  getComputedStyle(e).display]); return out; }"""
 CONTROLS = [
     "prompt",
     "negative-prompt",
@@ -183,15 +193,12 @@ def test_the_preview_keeps_its_size_run_after_run(page):
         expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
         page.wait_for_load_state("networkidle")
         # a picture being swapped is 0 px, then laid out 0 px wide, for a while on a loaded CPU: wait, bounded,
-        # for it to settle at full size. A collapsed one settles at 20 px, and the assertion says so.
+        # for it to stay at full size for a few polls, read in the page (no swap between the check and the read).
+        # A collapsed one settles at 20 px or 0 px, and the assertion says so, with the layout around it.
         with contextlib.suppress(PlaywrightTimeoutError):
-            page.wait_for_function(
-                f"() => {{ const s = ({PREVIEW_SIZE})(document.querySelector('#preview img'));"
-                " return s[0] && s[1] > 0 && s[3] > 250 }",
-                timeout=SETTLE_MS,
-            )
-        size = page.locator("#preview img").evaluate(PREVIEW_SIZE)
-        assert size[:3] == [True, 256, 256] and size[3] > 250, (seed, size)
+            page.wait_for_function(SETTLED_AT_FULL_SIZE, polling=100, timeout=SETTLE_MS)
+        size, layout = page.evaluate(f"() => [({PREVIEW_SIZE})(document.querySelector('#preview img')), ({LAYOUT})()]")
+        assert size[:3] == [True, 256, 256] and size[3] > 250, (seed, size, layout)
 
 
 def test_the_exact_bar_plot_orders_its_rounds_as_numbers_with_labels_apart(page):
