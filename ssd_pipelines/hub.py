@@ -155,7 +155,9 @@ def heads_for(pipe: SSDAutoregressivePipeline, heads: DraftHeads | str | Path, *
             raise ValueError(f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository.")
         heads = load_heads(source.location)
     backbone = pipe.image_backbone
-    heads = heads.to(device=backbone.device, dtype=pipe.backbone.dtype)
+    # torch's own `to`: diffusers 0.42's warns on every dtype cast that modules "should be kept in float32: []",
+    # naming none (huggingface/diffusers#13872); heads keep no float32 modules.
+    heads = torch.nn.Module.to(heads, device=backbone.device, dtype=pipe.backbone.dtype)
     heads.check_compatible(backbone)
     base = heads.config.base_model
     ours = pipe.config.get("_name_or_path")

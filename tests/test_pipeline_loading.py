@@ -1,6 +1,7 @@
 """Loading what is broken or misnamed fails early, naming the file or folder and what to do."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -161,3 +162,12 @@ def test_a_subclass_loads_as_itself_from_a_pipeline_and_from_heads(saved, tmp_pa
     heads.save_pretrained(tmp_path / "heads")
     pipe = Custom.from_pretrained(tmp_path / "heads")
     assert type(pipe) is Custom and pipe.config._name_or_path == str(saved)
+
+
+def test_loading_heads_into_a_bf16_pipeline_casts_them_without_a_warning(saved, caplog):
+    """diffusers' `ModelMixin.to` warned on each cast that modules "should be kept in float32: []", naming none."""
+    pipe = SSDAutoregressivePipeline.from_pretrained(saved, dtype=torch.bfloat16)
+    caplog.clear()
+    pipe.load_heads(saved / "heads")  # stored in float32
+    assert next(pipe.heads.parameters()).dtype == torch.bfloat16
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
