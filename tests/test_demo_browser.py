@@ -42,6 +42,12 @@ SETTLED_AT_FULL_SIZE = f"""() => {{
   window.previewPolls = s[0] && s[1] > 0 && s[3] > 250 ? (window.previewPolls || 0) + 1 : 0;
   return window.previewPolls >= 3;
 }}"""
+# Counts the runs that have finished: status texts that say "<decoding>: done" after one that did not. The text
+# of the run before satisfies a wait for "done" until the next run's first update lands.
+COUNT_RUNS_DONE = """() => { window.runsDone = 0; let wasDone = false; const status = document.querySelector('#status');
+  new MutationObserver(() => { const done = /\\w+: done/.test(status.innerText);
+    if (done && !wasDone) window.runsDone += 1; wasDone = done; })
+    .observe(status, {subtree: true, childList: true, characterData: true}); }"""
 # The preview picture and its ancestors as laid out: tag, class, width, display.
 LAYOUT = """() => { const out = []; for (let e = document.querySelector('#preview img'); e && out.length < 6;
   e = e.parentElement) out.push([e.tagName, String(e.className), e.getBoundingClientRect().width,
@@ -187,14 +193,15 @@ def test_the_first_click_draws_and_a_failed_run_says_why_once_and_clears_the_las
 
 def test_the_preview_keeps_its_size_run_after_run(page):
     """Gradio rewrote a repeated picture's file in place, and a preview fetched meanwhile collapsed to 20 px."""
+    page.evaluate(COUNT_RUNS_DONE)
     for seed in range(4):
         page.locator("#seed input").fill(str(seed))
         page.locator("#generate").click()
-        expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
-        page.wait_for_load_state("networkidle")
+        page.wait_for_function(f"window.runsDone > {seed}", polling=50, timeout=WAIT_MS)  # this run, not the last
         # a picture being swapped is 0 px, then laid out 0 px wide, for a while on a loaded CPU: wait, bounded,
         # for it to stay at full size for a few polls, read in the page (no swap between the check and the read).
         # A collapsed one settles at 20 px or 0 px, and the assertion says so, with the layout around it.
+        page.evaluate("() => { window.previewPolls = 0; }")
         with contextlib.suppress(PlaywrightTimeoutError):
             page.wait_for_function(SETTLED_AT_FULL_SIZE, polling=100, timeout=SETTLE_MS)
         size, layout = page.evaluate(f"() => [({PREVIEW_SIZE})(document.querySelector('#preview img')), ({LAYOUT})()]")
