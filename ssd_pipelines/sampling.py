@@ -253,3 +253,13 @@ def verify_round(
     accepted = u * q_token < p_token  # u < p/q without dividing by a zero q
     resampled = sample(residual(p, q), generator, images)
     return torch.where(accepted, tokens, resampled), p, accepted
+
+
+def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:
+    """norm(p * (q_new / q_old) ** power): a target p moved as a drafter predicts it moves when its inputs change
+    from those of q_old to those of q_new (power 0 is p itself). [..., K] -> [..., K].
+
+    In log space, so that tiny q's cannot overflow; a code either q rules out (top-k, top-p) keeps its p, and the
+    result never puts mass where p has none."""
+    log_ratio = torch.where((q_old > 0) & (q_new > 0), q_new.log() - q_old.log(), 0.0)
+    return torch.softmax(p.log() + power * log_ratio, dim=-1)

@@ -13,9 +13,10 @@ import torch
 
 import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ImageGenerators, SSDAutoregressivePipeline
+from ssd_pipelines.decoding.frontier import FrontierRun
 from ssd_pipelines.hub import BUNDLED_MODEL
 from ssd_pipelines.sampling import sample, uniform, verify_round
-from ssd_pipelines.testing import tiny_pipeline
+from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline, tiny_vqvae
 
 PROMPTS = ["a red circle", "blue", "the green square left of a circle", "red red"]  # 3, 1, 7 and 2 words: padded
 
@@ -253,3 +254,28 @@ def test_on_the_reference_model_an_image_in_a_batch_equals_it_alone(reference, d
     for i, (prompt, seed) in enumerate(zip(REFERENCE_PROMPTS, seeds)):
         alone = first_rows(reference, prompt, torch.Generator().manual_seed(seed), rows, decoding=decoding, **options)
         assert torch.equal(batch[i], alone[0]), i
+
+
+@pytest.mark.parametrize("drafter", ["inrow", "recurrent"])
+def test_exact_re_proposals_draw_an_image_in_a_batch_as_alone(monkeypatch, drafter):
+    """Re-proposals draw per image too (each image's accept/resample noise from its own generator)."""
+    backbone = tiny_backbone(rows=4, cols=4, codebook_size=8)
+    heads = tiny_heads(backbone, drafter=drafter)
+    with torch.no_grad():
+        heads.vertical[0].left.weight.mul_(8)  # drafts that depend strongly on the codes to their left
+    in_row = SSDAutoregressivePipeline(backbone.model, backbone.tokenizer, tiny_vqvae(8), heads)
+    in_row.set_progress_bar_config(disable=True)
+    moved = []
+    right = FrontierRun._repropose
+
+    def spy(self, *args):
+        out = right(self, *args)
+        moved.append(int(out[2].sum()))
+        return out
+
+    monkeypatch.setattr(FrontierRun, "_repropose", spy)
+    seeds = [3, 4, 5]
+    batch = codes(in_row, PROMPTS[:3], seeded(*seeds), decoding="exact")
+    for i, (prompt, seed) in enumerate(zip(PROMPTS[:3], seeds, strict=True)):
+        assert torch.equal(batch[i], codes(in_row, prompt, seeded(seed), decoding="exact")[0]), i
+    assert sum(moved) > 0  # some codes were moved by re-proposals

@@ -222,3 +222,16 @@ def test_auto_samples_the_ar_distribution_on_both_sides_of_its_crossover(exact_m
 def test_auto_with_one_generator_per_image_samples_the_ar_distribution():
     g, stats = g_with_generators(lambda heads: AutoDecoding(heads, exact_max_batch=PER_IMAGE_SAMPLES), seed=98)
     assert stats.chosen_decoding == "exact" and g.passes, g
+
+
+def test_a_reproposed_q_that_the_code_was_not_drawn_from_is_caught(monkeypatch):
+    """`exact`'s re-proposals with q moved to q' but the code kept as it was (no accept/resample step against q')."""
+    right = frontier_module.FrontierRun._repropose
+
+    def wrong(self, batch, cells, codes, todo, new_codes, next_q):
+        _, moved_q, moved = right(self, batch, cells, codes, todo, new_codes, next_q)
+        return new_codes, moved_q, torch.zeros_like(moved)
+
+    monkeypatch.setattr(frontier_module.FrontierRun, "_repropose", wrong)
+    g = g_of(lambda heads: ExactDecoding(heads, window=8), row_setup("inrow"), seed=100)
+    assert g.statistic > 3 * g.bound, g

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ssd_pipelines.sampling import SamplingConfig, residual, sample, target_probs, verify_round
+from ssd_pipelines.sampling import SamplingConfig, residual, reweighted, sample, target_probs, verify_round
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -95,3 +95,16 @@ def test_a_cpu_generator_drives_a_cuda_pipeline(decoding):
     pipe = tiny_pipeline().to("cuda")
     out = pipe("a red circle", decoding=decoding, generator=torch.Generator().manual_seed(0), output_type="latent")
     assert out.codes.device.type == "cuda" and (out.codes >= 0).all() and not out.interrupted
+
+
+def test_reweighting_moves_p_by_the_drafters_ratio_and_never_outside_its_support():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    q_old = torch.tensor([0.5, 0.25, 0.25, 0.0])
+    q_new = torch.tensor([0.25, 0.5, 0.0, 0.25])  # a top-k cut moved: code 2 ruled out, code 3 let in
+    moved = reweighted(p, q_old, q_new, 2.0)
+    weights = torch.tensor([0.5 * 0.25, 0.3 * 4, 0.2, 0.0])  # (1/2)^2, 2^2; a ruled-out code keeps its p
+    torch.testing.assert_close(moved, weights / weights.sum())
+    torch.testing.assert_close(reweighted(p, q_old, q_new, 0.0), p)
+    before, after = torch.tensor([0.5, 1e-30, 0.5, 0.0]), torch.tensor([0.5, 0.5, 1e-30, 0.0])
+    extreme = reweighted(p, before, after, 2.0)  # ratios of 5e29 squared: beyond float32, not beyond its logs
+    assert torch.isfinite(extreme).all() and extreme[1] > 0.99

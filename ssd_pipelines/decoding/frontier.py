@@ -18,7 +18,10 @@ each pass runs the W positions from `done` on:
    whose cache entries were computed from a final context: they are committed,
    and the changed cell (resampled against its true conditional) is final. With
    no change, the whole window is committed and the cell past it is final.
-3. Draft. Cells entering the window are drafted by the vertical heads from the
+3. Re-propose (`exact` with an in-row drafter). A cell verified in the pass whose
+   left codes the pass changed gets a q moved as the drafter predicts its target
+   moves, and its code becomes a sample of that q by one accept/resample step.
+4. Draft. Cells entering the window are drafted by the vertical heads from the
    cell above (its code, and the latest pass's hidden state there, final or
    not), in the first row by the horizontal heads from the rightmost cell that
    has been through a pass. A "row" drafter waits for codes in the row above's
@@ -43,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import DraftHeads
-from ..sampling import verify_round
+from ..sampling import reweighted, verify_round
 from .base import UNDECODED, CheckCounter, DecodeRun, both_branches, cells_by_position
 
 
@@ -71,11 +74,15 @@ class FrontierRun:
         window: int,
         max_checks: int | None = None,
         horizontal: int | None = None,
+        repropose: float = 0.0,
     ):
         """max_checks: None is lossless; k keeps a cell as it is after its k-th verification (pipelined `ssd`).
-        horizontal: first-row cells the horizontal heads draft right of a passed cell (default: all they can)."""
+        horizontal: first-row cells the horizontal heads draft right of a passed cell (default: all they can).
+        repropose: with an in-row drafter, the power of its predicted change that moves the q of a cell whose left
+        codes a pass changed (`_repropose`); 0: off."""
         self.run, self.heads, self.grid = run, heads, run.grid
         self.max_checks = max_checks
+        self.repropose = repropose if heads.in_row else 0.0
         self.horizontal = heads.max_horizontal if horizontal is None else horizontal
         grid, device = run.grid, run.codes.device
         self.window = min(window, grid.sequence_length)  # W
@@ -138,9 +145,39 @@ class FrontierRun:
         # 2. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
         new_done = (starts + committed_positions(changed)).clamp_max(grid.sequence_length)
         exact = changed & (positions == new_done[:, None])  # drawn from its true conditional
+        if self.repropose:
+            # 3. Re-propose the cells whose left codes changed (past the frontier: checked again next pass).
+            new_codes, next_q, moved = self._repropose(batch, cells, codes, todo, new_codes, next_q)
+            changed = changed | moved
         self._store(cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting)
         self.done = torch.maximum(self.done, new_done)
         self._draft()
+
+    def _repropose(self, batch, cells, codes, todo, new_codes, next_q):
+        """A cell this pass verified, whose left codes it also changed, is checked next against a target conditioned
+        on the new codes, while its code is a sample of this pass's target p. The in-row drafter predicts how the
+        target moves: q' = norm(p (q_d(new left) / q_d(old left)) ** power) (`sampling.reweighted`). One
+        accept/resample step of the code against q' makes it a sample of q', its new q: the next check stays
+        lossless, and accepts more often (docs/decoding.md, "Re-proposals"). Returns the codes, q and which moved."""
+        run, heads, cols, W = self.run, self.heads, self.grid.cols, self.window
+        steps = torch.arange(1, heads.config.left_codes + 1, device=cells.device)
+        cell = cells.clamp_min(0)
+        old_left = run.codes[batch[..., None], (cell[..., None] - steps).clamp_min(0)]  # [B, W + 1, L]: as passed
+        index = torch.arange(W + 1, device=cells.device)[:, None] - steps  # [W + 1, L]: window index of x - j
+        after = torch.where(todo, new_codes, codes)  # the window's codes once this pass is stored
+        new_left = torch.where(index >= 0, after[batch[..., None], index.clamp_min(0)], old_left)
+        on_row = (cell % cols)[..., None] - steps >= 0  # x - j in the same row: consecutive window positions
+        which = todo & (cells >= cols) & ((old_left != new_left) & on_row).any(dim=-1)
+        if not bool(which.any()):
+            return new_codes, next_q, torch.zeros_like(which)
+        b, c = batch.expand_as(cells)[which], cells[which]
+        both_lefts = torch.cat([old_left[which], new_left[which]])  # one drafter call for both
+        q_old, q_new = run.probs(self._row_draft(b.repeat(2), c.repeat(2), both_lefts)).chunk(2)
+        target = reweighted(next_q[which], q_old, q_new, self.repropose)
+        moved_codes, _, kept = verify_round(new_codes[which], next_q[which], target, run.generator, b)
+        new_codes, next_q, moved = new_codes.clone(), next_q.clone(), torch.zeros_like(which)
+        new_codes[which], next_q[which], moved[which] = moved_codes, target, ~kept
+        return new_codes, next_q, moved
 
     def _store(self, cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
         """Write back what the pass gave the cells it touched: codes, their next q, final rounds, and the hidden
@@ -220,18 +257,34 @@ class FrontierRun:
         if not bool(can.any()):
             return False
         b, c = batch.expand_as(cells)[can], cells[can]
-        on = self._both(near_on[can])[..., None]  # [B' / B * n, kernel, 1]
-        h = self.hidden[self._branch_rows(b)[:, None], self._both(near[can])]  # [B' / B * n, kernel, d]
-        e = run.embed_codes(near_codes[can].clamp_min(0))
-        context = heads.row_context_at(torch.where(on, h, 0), torch.where(on, e, 0))  # zero padding off the row
+        self._take_drafts(b, c, self._row_draft(b, c))
+        return True
+
+    def _row_draft(self, b: torch.Tensor, c: torch.Tensor, left_codes: torch.Tensor | None = None) -> torch.Tensor:
+        """The row drafter's hidden state [B' / B * n, d] for cells (b, c) [n] of rows >= 1: from the row above's
+        codes and latest states at x - k..x + k (zero padding off the row); the in-row kinds also from the codes at
+        x - 1..x - left_codes, left_codes [n, L] (default: the codes there now; start vectors off the row);
+        "recurrent" also from the latest state predicting the cell to the left (zeros at x = 0)."""
+        run, heads, cols = self.run, self.heads, self.grid.cols
+        column = c % cols
+        half = heads.config.row_kernel // 2
+        near_columns = column[:, None] + torch.arange(-half, half + 1, device=c.device)  # [n, kernel]
+        near = (c // cols - 1)[:, None] * cols + near_columns.clamp(0, cols - 1)
+        on = self._both((near_columns >= 0) & (near_columns < cols))[..., None]  # [B' / B * n, kernel, 1]
+        h = self.hidden[self._branch_rows(b)[:, None], self._both(near)]  # [B' / B * n, kernel, d]
+        e = run.embed_codes(run.codes[b[:, None], near].clamp_min(0))
+        context = heads.row_context_at(torch.where(on, h, 0), torch.where(on, e, 0))
         left = state = None
         if heads.in_row:
-            left = heads.start_embeds(run.embed_codes(left_codes[can].clamp_min(0)), self._both(~left_on[can]))
-        if heads.reads_left_state:  # the latest state predicting the cell to the left (drafted or passed); 0 at x = 0
+            steps = torch.arange(1, heads.config.left_codes + 1, device=c.device)
+            if left_codes is None:
+                left_codes = run.codes[b[:, None], (c[:, None] - steps).clamp_min(0)]
+            off_row = self._both(column[:, None] - steps < 0)
+            left = heads.start_embeds(run.embed_codes(left_codes.clamp_min(0)), off_row)
+        if heads.reads_left_state:
             state = self.hidden[self._branch_rows(b), self._both(c - 1).clamp_min(0)]
-            state = torch.where(self._both(column[can] > 0)[:, None], state, 0)
-        self._take_drafts(b, c, heads.draft_step(context, left, state).to(h.dtype))
-        return True
+            state = torch.where(self._both(column > 0)[:, None], state, 0)
+        return heads.draft_step(context, left, state).to(h.dtype)
 
     def _draft_right(self, batch, cells, missing) -> bool:
         """First row: horizontal heads from the rightmost cell that has been through a pass. Drafted any?"""
