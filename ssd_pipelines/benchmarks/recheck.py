@@ -91,29 +91,27 @@ def recheck_cells(
 
 @torch.no_grad()
 def drafts(backbone: ImageBackbone, heads: DraftHeads, sampling: SamplingConfig, image: RecheckCells, redrawn: bool):
-    """The in-row drafter's q at each cell [n, K], its left codes those of the AR grid, or with the redrawn one."""
-    guidance = sampling.uses_guidance
-    out = []
-    for i, (y, x) in enumerate(zip(image.rows.tolist(), image.cols.tolist(), strict=True)):
-        above = image.codes[:, y - 1]  # [1, C]
-        context = heads.row_context(image.hidden[:, y - 1], backbone.embed_codes(both_branches(above, guidance)))
-        left = image.codes[:, y, x - heads.config.left_codes : x].flip(-1).clone()  # [1, L], x - 1 first
-        if redrawn:
-            left[0, 0] = image.redrawn[i]
-        left_embeds = backbone.embed_codes(both_branches(left, guidance))  # [B', L, d_e]
-        state = image.hidden[:, y, x - 1] if heads.reads_left_state else None  # the left cell's state, passed
-        drafted = heads.draft_step(context[:, x], left_embeds, state).to(image.hidden.dtype)
-        out.append(target_probs(backbone.code_logits(drafted), sampling)[0])
-    return torch.stack(out)
+    """The in-row drafter's q at each cell [n, K], its left codes those of the AR grid, or with the redrawn one. One
+    drafter step for all the cells, rows laid out as the backbone's (conditional cells first, then unconditional)."""
+    guidance, n = sampling.uses_guidance, len(image.rows)
+    branches = image.hidden.shape[0]
+    above = both_branches(image.codes[0, image.rows - 1], guidance)  # [B' / B * n, C]
+    hidden_above = image.hidden[:, image.rows - 1].flatten(0, 1)  # [B' / B * n, C, d]
+    context = heads.row_context(hidden_above, backbone.embed_codes(above))
+    context = context[torch.arange(branches * n), image.cols.repeat(branches)]  # each cell's column
+    steps = torch.arange(1, heads.config.left_codes + 1)
+    left = image.codes[0, image.rows[:, None], image.cols[:, None] - steps]  # [n, L], x - 1 first
+    if redrawn:
+        left[:, 0] = image.redrawn
+    state = image.hidden[:, image.rows, image.cols - 1].flatten(0, 1) if heads.reads_left_state else None
+    drafted = heads.draft_step(context, backbone.embed_codes(both_branches(left, guidance)), state)
+    return target_probs(backbone.code_logits(drafted.to(image.hidden.dtype)), sampling)
 
 
 def acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Probability that a code drawn from q is accepted against target p: sum_k min(q, p), per cell."""
+    """Probability that a code drawn from q is accepted against target p: sum_k min(q, p), per cell (1 minus their
+    total variation)."""
     return torch.minimum(q, p).sum(-1)
-
-
-def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (a - b).abs().sum(-1)
 
 
 def scores(backbone, heads: DraftHeads, sampling: SamplingConfig, image: RecheckCells) -> dict[str, torch.Tensor]:
@@ -122,8 +120,8 @@ def scores(backbone, heads: DraftHeads, sampling: SamplingConfig, image: Recheck
     out = {"stale": acceptance(image.p_old, image.p_new), "drafter": acceptance(q_new, image.p_new)}
     for beta in BETAS:
         out[f"beta={beta:g}"] = acceptance(reweighted(image.p_old, q_old, q_new, beta), image.p_new)
-    out["drafter moved"] = total_variation(q_old, q_new)
-    out["backbone moved"] = total_variation(image.p_old, image.p_new)
+    out["drafter moved"] = 1 - acceptance(q_old, q_new)  # total variation
+    out["backbone moved"] = 1 - out["stale"]
     return out
 
 
