@@ -3,7 +3,8 @@
 import pytest
 from PIL import Image
 
-from ssd_pipelines.benchmarks.drafters import DECODINGS, drafting_clock, main, parse_heads
+from ssd_pipelines.benchmarks.drafters import DECODINGS, main, parse_heads
+from ssd_pipelines.benchmarks.measure_run import drafting_clock
 from ssd_pipelines.decoding.ssd import SSDDecoding
 from ssd_pipelines.testing import tiny_pipeline
 

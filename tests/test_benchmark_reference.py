@@ -3,7 +3,13 @@
 import pytest
 
 from ssd_pipelines.benchmarks import main as ssd_bench
-from ssd_pipelines.benchmarks.reference import DECODINGS, main, paired_difference, per_task_table
+from ssd_pipelines.benchmarks.reference import (
+    DECODINGS,
+    choose_default,
+    main,
+    paired_difference,
+    per_task_table,
+)
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -27,6 +33,8 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
     assert "| ar | " in printed and "| 256 | 1.0x |" in printed  # AR: one pass per code of 16 x 16
     ar = next(line for line in overall.splitlines() if line.startswith("| ar |")).split(" | ")
     assert ar[2] == "-" and float(ar[3]) > 0  # no paired difference to itself; a Fréchet distance
+    assert ar[8] == "0%"  # AR drafts nothing
+    assert "Default by this run's rule (the fewest passes whose Fréchet distance is within 1.5x of AR's" in overall
     assert out.read_text().endswith(printed)
 
 
@@ -71,3 +79,17 @@ def test_per_task_table_has_a_row_per_decoding_and_a_column_per_task():
         "| ar | 0.500 | 0.250 |",
         "| ssd r=1 | 0.750 | 0.000 |",
     ]
+
+
+def test_the_default_is_the_fewest_passes_within_the_frechet_budget_of_ar():
+    rows = [
+        {"label": "ar", "passes": 256, "frechet": 80},
+        {"label": "ssd r=2", "passes": 54, "frechet": 650},  # fewest passes, but far from AR's look
+        {"label": "ssd W=17 r=6", "passes": 70, "frechet": 118},  # within 1.5 x 80 = 120
+        {"label": "exact", "passes": 83, "frechet": 65},
+    ]
+    assert choose_default(rows).endswith("(120)): **ssd W=17 r=6**, 70 passes.")
+    rows[2]["frechet"] = 121
+    assert choose_default(rows).endswith("**exact**, 83 passes.")
+    rows[3]["frechet"] = 200
+    assert choose_default(rows).endswith("none qualifies; the closest is ssd W=17 r=6, 1.51x.")

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from ..acceptance import format_rates
-from ..decoding.frontier import FrontierRun
-from ..decoding.ssd import SSDDecoding
 from ..heads import DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, plots, report
+from .measure_run import drafting_clock
 from .reference import adherence, versus_baseline
 
 DECODINGS: dict[str, dict] = {
@@ -39,34 +36,6 @@ DECODINGS: dict[str, dict] = {
     "ssd W=17 r=4": {"decoding": "ssd", "verify_rounds": 4, "window": 17},  # as in `ssd-bench reference`
     "exact": {"decoding": "exact"},
 }
-DRAFTING_METHODS = ((SSDDecoding, "_draft_below"), (SSDDecoding, "_draft_right"), (FrontierRun, "_draft"))
-
-
-@contextmanager
-def drafting_clock():
-    """Seconds spent in the strategies' drafting steps (heads, their output head, sampling), while it is open.
-
-    A benchmark's instrument: it wraps the drafting methods of the classes, and restores them on exit."""
-    spent = [0.0]
-    originals = [(cls, name, getattr(cls, name)) for cls, name in DRAFTING_METHODS]
-
-    def timed(method):
-        def run(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - started
-
-        return run
-
-    for cls, name, method in originals:
-        setattr(cls, name, timed(method))
-    try:
-        yield spent
-    finally:
-        for cls, name, method in originals:
-            setattr(cls, name, method)
 
 
 def single_image(pipe, scenes, repeats: int, guidance: float, options: dict) -> dict:
