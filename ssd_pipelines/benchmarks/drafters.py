@@ -1,8 +1,8 @@
 """Drafting heads against each other on the reference backbone: the ablation of the drafter and its training.
 
 Every set of heads decodes the same held-out prompts with the same seeds, in
-each of the lossy default (`ssd` r=2), `ssd` r=1, windowed `ssd` (W=17 r=4, the
-candidate default) and `exact`, beside one AR run:
+each of the lossy default (`ssd` r=2), `ssd` r=1, windowed `ssd` (W=17 r=4 and
+r=6, the candidate defaults) and `exact`, beside one AR run:
 first-round acceptance, passes and seconds for one image, Fréchet distance to
 real renders, adherence (paired against AR), and the share of a call's time
 spent drafting. Acceptance alone is not the look (docs/decoding.md): the table
@@ -34,6 +34,7 @@ DECODINGS: dict[str, dict] = {
     "ssd r=2": {"decoding": "ssd", "verify_rounds": 2},
     "ssd r=1": {"decoding": "ssd", "verify_rounds": 1},
     "ssd W=17 r=4": {"decoding": "ssd", "verify_rounds": 4, "window": 17},  # as in `ssd-bench reference`
+    "ssd W=17 r=6": {"decoding": "ssd", "verify_rounds": 6, "window": 17},
     "exact": {"decoding": "exact"},
 }
 
@@ -152,7 +153,7 @@ def acceptance_and_frechet(rows: list[dict], out: Path) -> None:
     plt = plots.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     ar = rows[0]
-    markers = {"ssd r=2": "o", "ssd r=1": "s", "ssd W=17 r=4": "D", "exact": "^"}
+    markers = {"ssd r=2": "o", "ssd r=1": "s", "ssd W=17 r=4": "D", "ssd W=17 r=6": "v", "exact": "^"}
     heads = list(dict.fromkeys(r["heads"] for r in rows[1:]))
     colours = {label: plt.get_cmap("tab10")(i) for i, label in enumerate(heads)}
     for r in rows[1:]:
