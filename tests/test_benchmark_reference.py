@@ -81,15 +81,17 @@ def test_per_task_table_has_a_row_per_decoding_and_a_column_per_task():
     ]
 
 
-def test_the_default_is_the_fewest_passes_within_the_frechet_budget_of_ar():
+def test_the_default_is_the_fewest_passes_that_keep_ars_look_and_adherence():
     rows = [
-        {"label": "ar", "passes": 256, "frechet": 80},
-        {"label": "ssd r=2", "passes": 54, "frechet": 650},  # fewest passes, but far from AR's look
-        {"label": "ssd W=17 r=6", "passes": 70, "frechet": 118},  # within 1.5 x 80 = 120
-        {"label": "exact", "passes": 83, "frechet": 65},
+        {"label": "ar", "passes": 256, "frechet": 80, "adherence_diff": 0.0},
+        {"label": "ssd r=2", "passes": 54, "frechet": 650, "adherence_diff": -0.13},  # far from AR's look
+        {"label": "ssd W=17 r=6", "passes": 70, "frechet": 118, "adherence_diff": -0.02},  # 118 <= 1.5 x 80
+        {"label": "exact", "passes": 83, "frechet": 65, "adherence_diff": 0.001},
     ]
-    assert choose_default(rows).endswith("(120)): **ssd W=17 r=6**, 70 passes.")
-    rows[2]["frechet"] = 121
+    assert choose_default(rows).endswith("**ssd W=17 r=6**, 70 passes.")
+    rows[2]["adherence_diff"] = -0.14  # AR's look, but stray fragments miss the colours
+    assert choose_default(rows).endswith("**exact**, 83 passes.")
+    rows[2]["adherence_diff"], rows[2]["frechet"] = 0.0, 121
     assert choose_default(rows).endswith("**exact**, 83 passes.")
     rows[3]["frechet"] = 200
-    assert choose_default(rows).endswith("none qualifies; the closest is ssd W=17 r=6, 1.51x.")
+    assert choose_default(rows).endswith("none qualifies.")
