@@ -14,7 +14,6 @@ and its figure put acceptance and Fréchet distance side by side against passes.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, plots, report
-from .measure_run import drafting_clock
+from .measure_run import one_image_call, summarize_calls
 from .reference import adherence, versus_baseline
 
 DECODINGS: dict[str, dict] = {
@@ -41,24 +40,8 @@ DECODINGS: dict[str, dict] = {
 
 def single_image(pipe, scenes, repeats: int, guidance: float, options: dict) -> dict:
     """Median seconds, mean passes and the drafting share of one-image calls."""
-    seconds, passes, drafting = [], [], []
-    for repeat in range(repeats):
-        with drafting_clock() as spent:
-            out = pipe(
-                scenes[repeat % len(scenes)].caption,
-                guidance_scale=guidance,
-                generator=torch.Generator().manual_seed(repeat),
-                output_type="latent",
-                **options,
-            )
-        seconds.append(out.stats["seconds"])
-        passes.append(out.stats["forward_passes"])
-        drafting.append(spent[0] / out.stats["seconds"])
-    return {
-        "seconds": statistics.median(seconds),
-        "passes": statistics.mean(passes),
-        "drafting": statistics.median(drafting),
-    }
+    calls = [one_image_call(pipe, scenes[r % len(scenes)].caption, guidance, r, options) for r in range(repeats)]
+    return summarize_calls(calls)
 
 
 def parse_heads(values: list[str]) -> dict[str, Path]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,3 +163,26 @@ def drafting_clock():
     finally:
         for cls, name, method in originals:
             setattr(cls, name, method)
+
+
+def one_image_call(pipe, prompt: str, guidance: float, seed: int, options: dict) -> dict:
+    """One single-image pipeline call with `options`: its seconds, forward passes and share of time drafting."""
+    with drafting_clock() as spent:
+        out = pipe(
+            prompt,
+            guidance_scale=guidance,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="latent",
+            **options,
+        )
+    seconds = out.stats["seconds"]
+    return {"seconds": seconds, "passes": out.stats["forward_passes"], "drafting": spent[0] / seconds}
+
+
+def summarize_calls(calls: list[dict]) -> dict:
+    """`one_image_call` results -> median seconds, mean passes (exact, so averaged) and median drafting share."""
+    return {
+        "seconds": statistics.median(c["seconds"] for c in calls),
+        "passes": statistics.mean(c["passes"] for c in calls),
+        "drafting": statistics.median(c["drafting"] for c in calls),
+    }

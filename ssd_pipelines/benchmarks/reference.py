@@ -15,7 +15,6 @@ is within `FRECHET_BUDGET` of AR's and whose adherence is within
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, report
-from .measure_run import drafting_clock
+from .measure_run import one_image_call, summarize_calls
 
 DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},
@@ -144,34 +143,15 @@ def per_task_table(quality: list[dict], head: str = "decoding") -> list[str]:
 def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
     """Median seconds, mean passes and the median share of time spent drafting for one image, every decoding run
     in turn on the same prompt and seed."""
-    seconds: dict[str, list[float]] = {label: [] for label in DECODINGS}
-    passes: dict[str, list[int]] = {label: [] for label in DECODINGS}
-    drafting: dict[str, list[float]] = {label: [] for label in DECODINGS}
+    calls: dict[str, list[dict]] = {label: [] for label in DECODINGS}
     pipe(scenes[0].caption, decoding="ar", guidance_scale=guidance, output_type="latent")  # warm-up, untimed
     with tqdm(total=repeats * len(DECODINGS), desc="latency", unit="call") as progress:
         for repeat in range(repeats):
             prompt = scenes[repeat % len(scenes)].caption
             for label, options in DECODINGS.items():
-                with drafting_clock() as spent:
-                    out = pipe(
-                        prompt,
-                        guidance_scale=guidance,
-                        generator=torch.Generator().manual_seed(repeat),
-                        output_type="latent",
-                        **options,
-                    )
-                seconds[label].append(out.stats["seconds"])
-                passes[label].append(out.stats["forward_passes"])
-                drafting[label].append(spent[0] / out.stats["seconds"])
+                calls[label].append(one_image_call(pipe, prompt, guidance, repeat, options))
                 progress.update()
-    return {
-        label: {
-            "seconds": statistics.median(s),
-            "passes": statistics.mean(passes[label]),
-            "drafting": statistics.median(drafting[label]),
-        }
-        for label, s in seconds.items()
-    }
+    return {label: summarize_calls(c) for label, c in calls.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
