@@ -175,17 +175,24 @@ def image_grid(rows: dict[str, np.ndarray], captions: list[str], out: Path, scal
     font = ImageFont.load_default(size=13)
     for i, caption in enumerate(captions):
         x = label_w + i * (cell_w + gap)
-        words, lines = caption.split(), [""]
-        for word in words:  # wrap to the cell's width
-            if draw.textlength(f"{lines[-1]} {word}".strip(), font=font) > cell_w:
-                lines.append(word)
-            else:
-                lines[-1] = f"{lines[-1]} {word}".strip()
-        draw.multiline_text((x + 2, 2), "\n".join(lines[:4]), fill="black", font=font, spacing=1)
+        draw.multiline_text((x + 2, 2), wrapped(draw, caption, font, cell_w, 4), fill="black", font=font, spacing=1)
     for r, (label, images) in enumerate(rows.items()):
         y = head_h + r * (cell_h + gap)
-        draw.text((4, y + cell_h // 2 - 6), label, fill="black", font=font)
+        text = wrapped(draw, label, font, label_w - 8, 3)
+        draw.multiline_text((4, y + cell_h // 2 - 8 * text.count("\n") - 6), text, fill="black", font=font, spacing=3)
         for i, image in enumerate(images):
             tile = Image.fromarray(image).resize((cell_w, cell_h), Image.NEAREST)
             canvas.paste(tile, (label_w + i * (cell_w + gap), y))
     canvas.save(out)
+
+
+def wrapped(draw: ImageDraw.ImageDraw, text: str, font, width: int, max_lines: int) -> str:
+    """`text` broken between words into at most `max_lines` lines no wider than `width` pixels (where a word
+    allows)."""
+    lines = [""]
+    for word in text.split():
+        if lines[-1] and draw.textlength(f"{lines[-1]} {word}", font=font) > width:
+            lines.append(word)
+        else:
+            lines[-1] = f"{lines[-1]} {word}".strip()
+    return "\n".join(lines[:max_lines])
