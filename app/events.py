@@ -15,7 +15,7 @@ import gradio as gr
 
 from ssd_pipelines import SSDPipelineOutput
 from ssd_pipelines.acceptance import acceptance_map
-from ssd_pipelines.decoding import DEFAULT_DECODING, option_default
+from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, decoding_label, option_default
 
 from . import render
 from .runner import Finished, Settings, StopFlags, stream
@@ -58,7 +58,8 @@ class DemoEvents:
         guidance_scale None: the model's own default. top_k None or 0: no top-k filter."""
         cleared = dict.fromkeys(OUTPUTS) | {"plot": gr.update(value=None, visible=False), "stats": "", "comparison": ""}
         if compare and decoding == "ar":
-            message = "Compare with AR decodes ar beside ssd or exact: choose decoding ssd or exact."
+            others = ", ".join(d for d in USER_DECODINGS if d != "ar")
+            message = f"Compare with AR decodes ar beside another decoding: choose decoding {others}."
             yield from self._refuse(cleared, message)
         seed = secrets.randbelow(MAX_SEED + 1) if random_seed else whole(seed or 0)  # 0: an emptied Seed box
         if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
@@ -81,13 +82,14 @@ class DemoEvents:
             for warning in output.warnings:  # also in the status: an API client sees no toast
                 gr.Warning(warning, title="Prompt changed")
             notes = "".join(f"\n\n**Prompt changed:** {warning}" for warning in output.warnings)
+            label = decoding_label(output.stats)  # "auto (exact)": what decoded
             last_round = output.stats["round_cap"]  # exact: rounds until nothing changes, no cap
             # Every output in the last update: an API client gets only that one.
             result = {
                 "seed": settings.seed,
                 "preview": render.tile(output.images),
                 "status": self._summary(output) + notes,
-                "images": [(image, f"{decoding} {i + 1}") for i, image in enumerate(output.images)],
+                "images": [(image, f"{label} {i + 1}") for i, image in enumerate(output.images)],
                 "maps": render.tile(
                     [acceptance_map(im, output.final_round[i], last_round) for i, im in enumerate(output.images)]
                 ),
@@ -96,7 +98,7 @@ class DemoEvents:
                     sort=render.round_order(output.stats),
                     visible=bool(output.stats["drafted_per_round"]),
                 ),
-                "stats": render.stats_markdown({decoding: output.stats}),
+                "stats": render.stats_markdown({label: output.stats}),
                 "ar_images": None,
                 "comparison": "",
             }
@@ -107,7 +109,7 @@ class DemoEvents:
             yield result | {
                 "status": f"{self._summary(output)}; {self._summary(baseline)}{notes}",
                 "ar_images": [(image, f"ar {i + 1}") for i, image in enumerate(baseline.images)],
-                "stats": render.stats_markdown({decoding: output.stats, "ar": baseline.stats}),
+                "stats": render.stats_markdown({label: output.stats, "ar": baseline.stats}),
                 "comparison": "" if baseline.interrupted else render.speedup_markdown(output.stats, baseline.stats),
             }
 
@@ -138,8 +140,8 @@ class DemoEvents:
     def _summary(self, output: SSDPipelineOutput) -> str:
         stats = output.stats
         if output.interrupted:
-            return f"{stats['strategy']}: stopped after {output.rows_completed} of {self.rows} rows"
+            return f"{decoding_label(stats)}: stopped after {output.rows_completed} of {self.rows} rows"
         return (
-            f"{stats['strategy']}: done, {self.rows} rows in {stats['forward_passes']} forward passes "
+            f"{decoding_label(stats)}: done, {self.rows} rows in {stats['forward_passes']} forward passes "
             f"({stats['seconds']:.2f} s)"
         )

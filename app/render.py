@@ -19,7 +19,7 @@ import pandas as pd
 import PIL.Image
 
 from ssd_pipelines.acceptance import CATEGORIES, format_rates
-from ssd_pipelines.decoding import strategy_class
+from ssd_pipelines.decoding import decoding_label, strategy_class
 
 
 def legend_html() -> str:
@@ -97,11 +97,11 @@ def speedup_markdown(fast: dict, baseline: dict) -> str:
     """The speedup, and why the two pictures differ although prompt and seed are the same."""
     passes = baseline["forward_passes"] / fast["forward_passes"]
     seconds = baseline["seconds"] / fast["seconds"]
-    name = fast["strategy"]
+    name = decoding_label(fast)
     why = (
         f"{name} is lossless: the same distribution as ar, a different sample of it, so the pictures differ as two "
         "seeds of ar would."
-        if strategy_class(name).lossless
+        if strategy_class(fast["strategy"]).lossless
         else f"{name} is lossy: its distribution is close to ar's, not equal to it, and the pictures differ."
     )
     return (

@@ -90,8 +90,8 @@ def decoding_info() -> str:
     summaries = "; ".join(f"{d}: {strategy_class(d).summary}" for d in USER_DECODINGS)
     lossless = " and ".join(d for d in USER_DECODINGS if strategy_class(d).lossless)
     return (
-        f"{summaries}. Pick ssd for the fewest passes when images near ar's are enough, exact for ar's own "
-        f"distribution in fewer passes ({lossless} are lossless)."
+        f"{summaries}. The default, {DEFAULT_DECODING}, is lossless; pick ssd for the fewest passes when images near "
+        f"ar's are enough ({lossless} are lossless)."
     )
 
 
@@ -137,6 +137,7 @@ def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.componen
         list(USER_DECODINGS), value=DEFAULT_DECODING, label="Decoding", info=decoding_info(), elem_id="decoding"
     )
     rounds, rows = (strategy_class("ssd").option(name) for name in ("verify_rounds", "vertical_rows"))
+    default_takes = strategy_class(DEFAULT_DECODING).option_names()  # the page starts as _decoding_changed leaves it
     with gr.Row():
         c["verify_rounds"] = gr.Slider(
             rounds.minimum,
@@ -144,6 +145,7 @@ def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.componen
             value=rounds.default,
             step=1,
             label="Rounds (ssd)",
+            interactive="verify_rounds" in default_takes,
             info=_range_info(
                 "At most this many verification rounds per row; 0 keeps drafts unchecked.", rounds.minimum, 6
             ),
@@ -155,6 +157,7 @@ def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.componen
             value=rows.default,
             step=1,
             label="Rows drafted at once (ssd)",
+            interactive="vertical_rows" in default_takes,
             info=_range_info("More rows: fewer passes, fewer drafts kept.", rows.minimum, max_vertical),
             elem_id="vertical-rows",
         )

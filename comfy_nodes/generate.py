@@ -11,7 +11,7 @@ import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.acceptance import format_rates
-from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, options_for, strategy_class
+from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, decoding_label, options_for, strategy_class
 
 from .codes import CODES, SSDCodes
 from .images import preview_image, to_comfy_images
@@ -49,7 +49,7 @@ class RowProgress:
 def format_stats(stats: dict, guidance: float, notes: list[str]) -> str:
     """The pipeline's statistics, one per line, for a text preview node; then what it changed in the prompt."""
     lines = [
-        f"decoding: {stats['strategy']}",
+        f"decoding: {decoding_label(stats)}",
         f"images: {stats['images']}",
         f"forward passes: {stats['forward_passes']}",
         f"rows completed: {stats['rows_completed']}",

@@ -22,7 +22,15 @@ import PIL.Image
 import torch
 
 from .acceptance import format_rates
-from .decoding import DEFAULT_DECODING, STRATEGIES, USER_DECODINGS, check_options, options_for, strategy_class
+from .decoding import (
+    DEFAULT_DECODING,
+    STRATEGIES,
+    USER_DECODINGS,
+    check_options,
+    decoding_label,
+    options_for,
+    strategy_class,
+)
 from .hub import HUB_MODEL, default_model
 
 
@@ -80,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true", help="replace image files that already exist")
     args = parser.parse_args(argv)
     if args.compare and args.decoding == "ar":
-        parser.error("--compare sets the decoding beside ar: choose --decoding ssd or exact")
+        others = ", ".join(d for d in USER_DECODINGS if d != "ar")
+        parser.error(f"--compare sets the decoding beside ar: choose --decoding {others}")
     for name in decoding_options():
         try:
             check_options(args.decoding, **{name: getattr(args, name)})
@@ -162,7 +171,7 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
 def describe(stats: dict, files: list[str]) -> str:
     acceptance = format_rates(stats["acceptance_per_round"])
     return (
-        f"{stats['strategy']}: {stats['forward_passes']} forward passes, {stats['seconds']:.2f} s, "
+        f"{decoding_label(stats)}: {stats['forward_passes']} forward passes, {stats['seconds']:.2f} s, "
         f"acceptance per round {acceptance} -> {', '.join(files)}"
     )
 
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def row_label(args: argparse.Namespace, decoding: str, stats: dict) -> str:
     rounds = f" r={args.verify_rounds}" if decoding == "ssd" and args.verify_rounds is not None else ""
-    return f"{decoding}{rounds}, {stats['forward_passes']} passes"
+    return f"{decoding_label(stats)}{rounds}, {stats['forward_passes']} passes"
 
 
 def write_sheet(rows: dict[str, list], args: argparse.Namespace) -> None:

@@ -40,10 +40,10 @@ EXAMPLE_DOC_STRING = """
         >>> from ssd_pipelines import SSDAutoregressivePipeline
 
         >>> pipe = SSDAutoregressivePipeline.from_pretrained("hub_cards/ssd-reference")
-        >>> out = pipe("a red circle left of a blue square", decoding="ssd", verify_rounds=1,
-        ...            generator=torch.Generator().manual_seed(0))
+        >>> out = pipe("a red circle left of a blue square", generator=torch.Generator().manual_seed(0))
         >>> out.images[0].save("circle.png")
-        >>> out.stats["forward_passes"], out.stats["acceptance_per_round"]
+        >>> out.stats["chosen_decoding"], out.stats["forward_passes"]  # "auto" chose "exact" for one image
+        >>> fast = pipe("a red circle left of a blue square", decoding="ssd", verify_rounds=1)  # lossy
         ```
 """
 
@@ -236,9 +236,10 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 With a list each image draws only from its own generator, so its codes depend only on its prompt,
                 seed and options, not on the batch (every decoding; "auto" within one choice of decoding;
                 docs/decoding.md, "Seeds that do not depend on the batch", says where rounding can still differ).
-            decoding: "ssd" (the paper's), "exact" (lossless) or "ar" (the baseline); "auto" (lossless: "exact"
-                for small batches, "ar" for large ones); or a published peer with its published defaults: "sjd",
-                "sjd-pac", "gsd", "zipar", "mtp1d" (docs/decoding.md).
+            decoding: "auto" (the default, lossless: "exact" for small batches, "ar" for large ones; chosen by
+                `ssd-bench reference`, docs/reference_benchmark.md), "ssd" (the paper's, lossy), "exact" (lossless)
+                or "ar" (the baseline); or a published peer with its published defaults: "sjd", "sjd-pac", "gsd",
+                "zipar", "mtp1d" (docs/decoding.md).
             verify_rounds: "ssd" only: the most verification rounds a block gets (default 2; 0 commits drafts
                 unverified). Rounds stop early once a round rejects nothing in every image.
             vertical_rows: "ssd" only: rows drafted at once by the vertical heads (k_v, default 1).

@@ -1,6 +1,10 @@
 """The reference benchmark runs end to end (on a tiny random pipeline: the numbers mean nothing here)."""
 
+import re
+from pathlib import Path
+
 import pytest
+import torch
 
 from ssd_pipelines.benchmarks import main as ssd_bench
 from ssd_pipelines.benchmarks.reference import (
@@ -10,6 +14,7 @@ from ssd_pipelines.benchmarks.reference import (
     paired_difference,
     per_task_table,
 )
+from ssd_pipelines.decoding import DEFAULT_DECODING
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -95,3 +100,13 @@ def test_the_default_is_the_fewest_passes_that_keep_ars_look_and_adherence():
     assert choose_default(rows).endswith("**exact**, 83 passes.")
     rows[3]["frechet"] = 200
     assert choose_default(rows).endswith("none qualifies.")
+
+
+def test_the_libraries_default_decodes_one_image_as_the_shipped_table_says():
+    """docs/reference_benchmark.md names the default by its rule; the pipeline, CLI, demo and ComfyUI node share
+    DEFAULT_DECODING. When a rerun names another decoding, this fails until the default follows it."""
+    table = (Path(__file__).resolve().parents[1] / "docs" / "reference_benchmark.md").read_text()
+    named = re.search(r"^Default by this run's rule .*: \*\*(.+)\*\*, \d+ passes\.$", table, re.MULTILINE).group(1)
+    pipe = tiny_pipeline()
+    out = pipe("a red circle", generator=torch.Generator().manual_seed(0))
+    assert DEFAULT_DECODING == out.stats["strategy"] and out.stats["chosen_decoding"] == named == "exact"

@@ -1,4 +1,5 @@
 import json
+import re
 
 import PIL.Image
 import pytest
@@ -16,10 +17,18 @@ def model_dir(tmp_path_factory):
 
 def test_generate_writes_the_image_and_prints_statistics(model_dir, tmp_path, capsys):
     out = tmp_path / "img.png"
-    assert main(["a red circle", "--out", str(out), "--model", str(model_dir), "--rounds", "1"]) == 0
+    args = ["a red circle", "--out", str(out), "--model", str(model_dir)]
+    assert main([*args, "--decoding", "ssd", "--rounds", "1"]) == 0
     assert PIL.Image.open(out).size == (16, 16)
     printed = capsys.readouterr().out
     assert "ssd: 8 forward passes" in printed and "acceptance per round" in printed and str(out) in printed
+
+
+def test_the_default_is_lossless_and_says_what_it_chose(model_dir, tmp_path, capsys):
+    """`auto`: one image is decoded with `exact`, and the line says so."""
+    out = tmp_path / "img.png"
+    assert main(["a red circle", "--out", str(out), "--model", str(model_dir)]) == 0
+    assert re.match(r"auto \(exact\): \d+ forward passes", capsys.readouterr().out)
 
 
 def test_json_and_compare_save_both_images_and_the_speedup(model_dir, tmp_path, capsys):
@@ -40,7 +49,8 @@ def test_json_and_compare_save_both_images_and_the_speedup(model_dir, tmp_path, 
         ]
     )
     report = json.loads(capsys.readouterr().out)
-    assert report["decoding"]["strategy"] == "ssd" and report["ar"]["strategy"] == "ar"
+    assert report["decoding"]["strategy"] == "auto" and report["ar"]["strategy"] == "ar"
+    assert report["decoding"]["chosen_decoding"] == "exact"  # two images: under auto's crossover
     assert report["files"] == [str(tmp_path / "img-0.png"), str(tmp_path / "img-1.png")]
     assert report["ar"]["files"] == [str(tmp_path / "img-ar-0.png"), str(tmp_path / "img-ar-1.png")]
     assert all(PIL.Image.open(f).size == (16, 16) for f in report["files"] + report["ar"]["files"])
@@ -77,7 +87,19 @@ def test_auto_and_its_crossover_from_the_command_line(model_dir, tmp_path, capsy
         stats = json.loads(capsys.readouterr().out)["decoding"]
         assert stats["strategy"] == "auto" and stats["chosen_decoding"] == chosen
     with pytest.raises(SystemExit):
-        main(["a", "--out", str(tmp_path / "y.png"), "--model", str(model_dir), "--exact-max-batch", "2"])
+        main(
+            [
+                "a",
+                "--out",
+                str(tmp_path / "y.png"),
+                "--model",
+                str(model_dir),
+                "--decoding",
+                "ssd",
+                "--exact-max-batch",
+                "2",
+            ]
+        )
     assert "--exact-max-batch: exact_max_batch applies to decoding='auto' only, not 'ssd'" in capsys.readouterr().err
 
 
@@ -113,7 +135,7 @@ def test_rounds_for_a_decoding_without_them_is_refused(model_dir, tmp_path, caps
 
 def test_a_fractional_or_negative_option_is_refused_in_the_librarys_words(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--rounds", "-1"])
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--decoding", "ssd", "--rounds", "-1"])
     assert "--rounds: `verify_rounds` must be an integer >= 0 for decoding='ssd'" in capsys.readouterr().err
 
 
@@ -146,7 +168,8 @@ def test_guidance_threads_and_prompt_warnings(model_dir, tmp_path, capsys, monke
 
 
 def test_a_pipeline_error_is_one_line_not_a_traceback(model_dir, tmp_path, capsys):
-    code = main(["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--vertical-rows", "3"])
+    args = ["a", "--out", str(tmp_path / "x.png"), "--model", str(model_dir)]
+    code = main([*args, "--decoding", "ssd", "--vertical-rows", "3"])
     assert code == 2
     err = capsys.readouterr().err
     assert err.endswith("ssd-generate: error: vertical_rows must be in 1..2 (the heads' vertical offsets), got 3.\n")

@@ -153,7 +153,12 @@ def test_guidance_0_runs_at_the_models_own_scale(nodes, pipeline, monkeypatch):
     images, _, stats = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, guidance=0.0))
     assert "guidance: 5" in stats.splitlines()
     expected = pipeline(
-        PROMPT, generator=torch.Generator().manual_seed(7), guidance_scale=5.0, verify_rounds=1, output_type="np"
+        PROMPT,
+        generator=torch.Generator().manual_seed(7),
+        guidance_scale=5.0,
+        decoding="ssd",
+        verify_rounds=1,
+        output_type="np",
     )
     np.testing.assert_array_equal(images.numpy(), expected.images)
     other, _, _ = nodes["SSDGenerate"].generate(**generate_inputs(pipeline, guidance=3.0))
@@ -186,11 +191,11 @@ def test_generate_is_the_pipeline_call_with_the_same_seed(nodes, pipeline):
 
 
 def test_decoding_controls_come_from_the_library(comfy_pack):
-    from ssd_pipelines.decoding import USER_DECODINGS, option_default, strategy_class
+    from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, option_default, strategy_class
 
     required = comfy_pack.NODE_CLASS_MAPPINGS["SSDGenerate"].INPUT_TYPES()["required"]
     choices, decoding = required["decoding"]
-    assert choices == list(USER_DECODINGS) and decoding["default"] == "ssd"
+    assert choices == list(USER_DECODINGS) and decoding["default"] == DEFAULT_DECODING == "auto"
     assert all(strategy_class(name).summary in decoding["tooltip"] for name in USER_DECODINGS)
     assert required["rounds"][1]["default"] == option_default("ssd", "verify_rounds") == 2
     assert required["k_v"][1]["default"] == option_default("ssd", "vertical_rows")

@@ -60,7 +60,7 @@ def test_the_checks_catch_broken_workflows(schemas):
     del broken["8"]["inputs"]["codes"]
     assert api_errors(broken, schemas) == [
         "node 2: no node class 'SSDGenerator'",
-        "node 3 (SSDGenerate).decoding: 'fast' is not one of ['ssd', 'exact', 'ar']",
+        "node 3 (SSDGenerate).decoding: 'fast' is not one of ['auto', 'ssd', 'exact', 'ar']",
         "node 3 (SSDGenerate).rounds: 99 is outside 0..16",
         "node 4 (ImageStitch).image1: links to missing node '2'",
         "node 4 (ImageStitch).image2: takes IMAGE, linked to SSD_CODES",

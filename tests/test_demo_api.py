@@ -31,7 +31,7 @@ def test_generate_returns_png_files_the_seed_and_the_statistics(client):
     assert len(drawn) == 2 and all(image.shape == (64, 64, 3) and image.any() for image in drawn)
     assert all(PIL.Image.open(item["image"]).format == "PNG" for item in outputs["Images"])
     assert outputs["Seed"] == 7
-    assert outputs["Status"].startswith("ssd: done, 16 rows in") and "forward passes" in outputs["Statistics"]
+    assert outputs["Status"].startswith("auto (exact): done, 16 rows in") and "forward passes" in outputs["Statistics"]
 
 
 def test_bad_input_comes_back_as_the_pipelines_message(client):
@@ -66,7 +66,7 @@ def test_two_concurrent_generations_equal_the_same_runs_one_after_the_other(clie
     ("values", "argument"),
     [
         ({"num_images": 2.5}, {"num_images_per_prompt": 2.5}),
-        ({"verify_rounds": 2.7}, {"verify_rounds": 2.7}),
+        ({"decoding": "ssd", "verify_rounds": 2.7}, {"decoding": "ssd", "verify_rounds": 2.7}),
         ({"top_k": 0.5}, {"top_k": 0.5}),
     ],
 )
@@ -82,6 +82,6 @@ def test_fractional_integers_are_refused_with_the_pipelines_message(client, valu
 
 def test_what_the_tokenizer_cut_from_the_prompt_comes_back_in_the_status(client):
     outputs = named(client, client.predict(prompt="four blue squares " * 300, api_name="/generate"))
-    assert outputs["Status"].startswith("ssd: done")
+    assert outputs["Status"].startswith("auto (exact): done")
     assert "**Prompt changed:** the prompt 'four blue squares" in outputs["Status"]
     assert "has 900 tokens and this model reads at most 14: only the first 14 were used." in outputs["Status"]

@@ -45,7 +45,7 @@ SETTLED_AT_FULL_SIZE = f"""() => {{
 # Counts the runs that have finished: status texts that say "<decoding>: done" after one that did not. The text
 # of the run before satisfies a wait for "done" until the next run's first update lands.
 COUNT_RUNS_DONE = """() => { window.runsDone = 0; let wasDone = false; const status = document.querySelector('#status');
-  new MutationObserver(() => { const done = /\\w+: done/.test(status.innerText);
+  new MutationObserver(() => { const done = /[\\w)]: done/.test(status.innerText);
     if (done && !wasDone) window.runsDone += 1; wasDone = done; })
     .observe(status, {subtree: true, childList: true, characterData: true}); }"""
 # The preview picture and its ancestors as laid out: tag, class, width, display.
@@ -141,15 +141,15 @@ def test_compare_shows_both_images_and_the_speedup(page, tmp_path):
     page.locator("#compare input").check()
     page.locator("#generate").click()
     expect(page.locator("#comparison")).to_contain_text(
-        re.compile(r"Speedup of ssd over ar in this run: [\d.]+x fewer forward passes, [\d.]+x less time"),
+        re.compile(r"Speedup of auto \(exact\) over ar in this run: [\d.]+x fewer forward passes, [\d.]+x less time"),
         timeout=WAIT_MS,
     )
-    expect(page.locator("#plot")).to_be_visible()  # acceptance per round: ssd verified drafts
+    expect(page.locator("#plot")).to_be_visible()  # acceptance per round: the default, auto, ran exact's drafts
     for gallery in ("#images", "#ar-images"):
         expect(page.locator(f"{gallery} img")).to_have_count(1)
         assert page.locator(f"{gallery} img").evaluate("img => img.complete && img.naturalWidth == 64")
-    expect(page.locator("#stats th")).to_have_text(["", "ssd", "ar"])
-    expect(page.locator("#comparison")).to_contain_text("ssd is lossy: its distribution is close to ar's")
+    expect(page.locator("#stats th")).to_have_text(["", "auto (exact)", "ar"])
+    expect(page.locator("#comparison")).to_contain_text("auto (exact) is lossless: the same distribution as ar")
     shot = Path(os.environ.get("SSD_DEMO_SCREENSHOT") or tmp_path / "demo.png")
     page.screenshot(path=shot, full_page=True)
     PIL.Image.open(shot).convert("RGB").quantize(colors=128).save(shot, optimize=True)  # small, for the repo
@@ -158,6 +158,9 @@ def test_compare_shows_both_images_and_the_speedup(page, tmp_path):
 
 def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
     page.locator("#prompt textarea").fill(PROMPT)
+    expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # the default, auto, takes no rounds
+    page.get_by_role("radio", name="ssd").check()
+    expect(page.locator("#rounds input[type=number]")).to_be_enabled()
     page.get_by_role("radio", name="ar").check()
     expect(page.locator("#compare input")).to_be_disabled()  # ar beside ar: nothing to compare
     expect(page.locator("#rounds input[type=number]")).to_be_disabled()  # rounds and k_v are ssd's
@@ -174,7 +177,7 @@ def test_stop_ends_the_generation_and_keeps_the_rows_drawn(page):
 def test_the_first_click_draws_and_a_failed_run_says_why_once_and_clears_the_last_results(page):
     expect(page.locator("#prompt textarea")).to_have_value("a black square")  # the first example, not a placeholder
     page.locator("#generate").click()
-    expect(page.locator("#status")).to_contain_text("ssd: done", timeout=WAIT_MS)
+    expect(page.locator("#status")).to_contain_text("auto (exact): done", timeout=WAIT_MS)
     expect(page.locator("#images img")).to_have_count(1)
 
     message = pipeline_message(prompt="")

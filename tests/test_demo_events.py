@@ -48,7 +48,9 @@ def test_options_a_decoding_does_not_take_are_left_out():
     assert not {"verify_rounds", "vertical_rows"} & set(ar)
     assert ssd["top_k"] is None and ssd["negative_prompt"] is None  # the controls' "off" values
     assert ssd["guidance_scale"] is None  # the pipeline takes the model's own
-    assert Settings(prompt=PROMPT).pipeline_kwargs()["verify_rounds"] == 2  # option_default("ssd", "verify_rounds")
+    assert Settings(prompt=PROMPT, decoding="ssd").pipeline_kwargs()["verify_rounds"] == 2  # ssd's own default
+    default = Settings(prompt=PROMPT).pipeline_kwargs()
+    assert default["decoding"] == "auto" and not {"verify_rounds", "vertical_rows"} & set(default)
 
 
 def test_the_page_starts_with_an_example_prompt_and_the_models_defaults(pipe):
@@ -61,11 +63,18 @@ def test_the_page_starts_with_an_example_prompt_and_the_models_defaults(pipe):
     assert by_id["vertical-rows"].label == "Rows drafted at once (ssd)"
     info = by_id["decoding"].info
     assert "ssd: lossy, fastest" in info and "exact: lossless: the same distribution as ar" in info
+    assert by_id["decoding"].value == "auto" and "The default, auto, is lossless" in info
+    assert not by_id["rounds"].interactive and not by_id["vertical-rows"].interactive  # auto takes neither
 
 
 def test_only_the_options_a_decoding_declares_stay_interactive():
-    interactive = {d: [u["interactive"] for u in _decoding_changed(d)] for d in ("ssd", "exact", "ar")}
-    assert interactive == {"ssd": [True, True, True], "exact": [False, False, True], "ar": [False, False, False]}
+    interactive = {d: [u["interactive"] for u in _decoding_changed(d)] for d in ("auto", "ssd", "exact", "ar")}
+    assert interactive == {
+        "auto": [False, False, True],
+        "ssd": [True, True, True],
+        "exact": [False, False, True],
+        "ar": [False, False, False],
+    }
 
 
 def test_rows_stream_into_the_preview_before_the_final_images(events):
@@ -80,9 +89,9 @@ def test_rows_stream_into_the_preview_before_the_final_images(events):
     final = updates[-1]
     assert set(final) == set(OUTPUTS)  # an API client sees only the last update
     (image, caption), *_ = final["images"]
-    assert image.size == (64, 64) and caption == "ssd 1"
+    assert image.size == (64, 64) and caption == "auto (exact) 1"  # the default, and what it chose for one image
     assert final["maps"].size == (256, 256)
-    assert final["status"].startswith("ssd: done, 16 rows in") and "forward passes" in final["stats"]
+    assert final["status"].startswith("auto (exact): done, 16 rows in") and "forward passes" in final["stats"]
     assert updates.index(first) < len(updates) - 1
 
 
@@ -120,7 +129,11 @@ def test_closing_the_stream_stops_the_call_and_its_thread(events):
 
 @pytest.mark.parametrize(
     "controls",
-    [{"prompt": ""}, {"prompt": PROMPT, "vertical_rows": 99}, {"prompt": PROMPT, "verify_rounds": -1}],
+    [
+        {"prompt": ""},
+        {"prompt": PROMPT, "decoding": "ssd", "vertical_rows": 99},
+        {"prompt": PROMPT, "decoding": "ssd", "verify_rounds": -1},
+    ],
     ids=["empty prompt", "k_v beyond the heads", "negative rounds"],
 )
 def test_bad_input_shows_the_pipelines_own_message(events, pipe, controls):
@@ -136,19 +149,24 @@ def test_bad_input_shows_the_pipelines_own_message(events, pipe, controls):
 
 
 @pytest.mark.parametrize(
-    ("controls", "argument"),
-    [({"num_images": 2.5}, "num_images_per_prompt"), ({"verify_rounds": 2.7}, "verify_rounds"), ({"top_k": 0.5}, "")],
+    ("controls", "arguments"),
+    [
+        ({"num_images": 2.5}, {"num_images_per_prompt": 2.5}),
+        ({"decoding": "ssd", "verify_rounds": 2.7}, {"decoding": "ssd", "verify_rounds": 2.7}),
+        ({"top_k": 0.5}, {"top_k": 0.5}),
+    ],
 )
-def test_fractional_integers_are_refused_not_truncated(events, pipe, controls, argument):
+def test_fractional_integers_are_refused_not_truncated(events, pipe, controls, arguments):
     with pytest.raises(ValueError) as expected:
-        pipe(PROMPT, **({argument or "top_k": next(iter(controls.values()))}))
+        pipe(PROMPT, **arguments)
     with pytest.raises(gr.Error) as shown:
         list(events.generate(PROMPT, **controls))
     assert shown.value.message == str(expected.value) and "got" in shown.value.message
 
 
 def test_a_sliders_integer_float_is_taken_as_that_integer(events):
-    final = list(events.generate(PROMPT, num_images=2.0, verify_rounds=1.0, vertical_rows=1.0, top_k=5.0))[-1]
+    controls = {"num_images": 2.0, "verify_rounds": 1.0, "vertical_rows": 1.0, "top_k": 5.0}
+    final = list(events.generate(PROMPT, decoding="ssd", **controls))[-1]
     assert len(final["images"]) == 2 and final["status"].startswith("ssd: done")
 
 
@@ -161,7 +179,7 @@ def test_what_the_tokenizer_cut_from_the_prompt_is_shown_in_the_status(events, p
 
 
 def test_comparing_ar_with_itself_is_refused(events):
-    with pytest.raises(gr.Error, match="choose decoding ssd or exact"):
+    with pytest.raises(gr.Error, match="choose decoding auto, ssd, exact"):
         list(events.generate(PROMPT, decoding="ar", compare=True))
 
 
@@ -179,3 +197,10 @@ def test_stop_flags_belong_to_their_session_and_go_with_the_run():
         assert flags.stop("a") == 2
         assert a.is_set() and a2.is_set() and not b.is_set()
     assert flags.stop("a") == 0 and flags.stop("b") == 0
+
+
+def test_a_comparison_with_the_default_says_what_ran_and_that_it_is_lossless(events):
+    final = list(events.generate(PROMPT, seed=2, compare=True))[-1]
+    assert final["comparison"].startswith("**Speedup of auto (exact) over ar in this run:")
+    assert "auto (exact) is lossless: the same distribution as ar" in final["comparison"]
+    assert final["ar_images"][0][1] == "ar 1" and final["images"][0][1] == "auto (exact) 1"

@@ -142,7 +142,7 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         run(bare)
     tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8)).save_pretrained(tmp_path / "heads")
     bare.load_heads(tmp_path / "heads")
-    assert run(bare).stats["strategy"] == "ssd"
+    assert run(bare, decoding="ssd").stats["strategy"] == "ssd"
 
 
 @pytest.mark.parametrize(
@@ -161,9 +161,12 @@ def test_loading_heads_into_a_pipeline_without_them(tmp_path):
         ({"prompt": ["a", 7]}, "must be a non-empty string or a list of them"),
         ({"negative_prompt": 5}, "`negative_prompt` must be a string or a list of strings, got 5"),
         ({"num_images_per_prompt": 1.5}, "`num_images_per_prompt` must be an integer >= 1, got 1.5"),
-        ({"verify_rounds": 2.5}, "`verify_rounds` must be an integer >= 0"),
-        ({"verify_rounds": -1}, "`verify_rounds` must be an integer >= 0"),
-        ({"vertical_rows": 3}, r"vertical_rows must be in 1..2 \(the heads' vertical offsets\), got 3"),
+        ({"decoding": "ssd", "verify_rounds": 2.5}, "`verify_rounds` must be an integer >= 0"),
+        ({"decoding": "ssd", "verify_rounds": -1}, "`verify_rounds` must be an integer >= 0"),
+        (
+            {"decoding": "ssd", "vertical_rows": 3},
+            r"vertical_rows must be in 1..2 \(the heads' vertical offsets\), got 3",
+        ),
         ({"height": 0}, "`height` must be an integer >= 1 or None for the model's own size, got 0"),
         ({"width": 16.0}, "`width` must be an integer >= 1"),
         ({"generator": [torch.Generator()] * 2}, "`generator` must be one torch.Generator .* or a list of 1"),

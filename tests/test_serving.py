@@ -43,10 +43,10 @@ def tiny():
 
 def test_a_batch_runs_one_call_per_group_of_identical_options(tiny):
     bodies = [
-        {"prompt": "a red circle", "seed": 1, "verify_rounds": 1},
-        {"prompt": "blue", "seed": 2, "verify_rounds": 1, "num_images": 2},
-        {"prompt": "a red circle", "seed": 3},  # verify_rounds left out: ssd's default, 2
-        {"prompt": "a red circle", "seed": 4, "verify_rounds": 2},  # the same as leaving it out
+        {"prompt": "a red circle", "seed": 1, "decoding": "ssd", "verify_rounds": 1},
+        {"prompt": "blue", "seed": 2, "decoding": "ssd", "verify_rounds": 1, "num_images": 2},
+        {"prompt": "a red circle", "seed": 3, "decoding": "ssd"},  # verify_rounds left out: ssd's default, 2
+        {"prompt": "a red circle", "seed": 4, "decoding": "ssd", "verify_rounds": 2},  # the same as leaving it out
         {"prompt": "green", "seed": 5, "decoding": "ar"},
     ]
     jobs = [prepare(tiny, GenerateRequest(**body)) for body in bodies]
@@ -221,7 +221,7 @@ def test_health_and_info(server):
     info = server.get("/info")
     assert info["model"] == str(BUNDLED_MODEL) and info["image_size"] == {"height": 64, "width": 64}
     assert info["image_sizes"] == [{"height": 64, "width": 64}] and info["grid"]["rows"] == 16
-    assert info["default_decoding"] == "ssd" and info["default_guidance_scale"] == 3.0
+    assert info["default_decoding"] == "auto" and info["default_guidance_scale"] == 3.0
     assert set(info["decodings"]) == set(STRATEGIES)
     for name, cls in STRATEGIES.items():  # read from the strategies' declarations
         described = info["decodings"][name]

@@ -1,8 +1,8 @@
 """Drafting heads against each other on the reference backbone: the ablation of the drafter and its training.
 
 Every set of heads decodes the same held-out prompts with the same seeds, in
-each of the lossy default (`ssd` r=2), `ssd` r=1, windowed `ssd` (W=17 r=4 and
-r=6, the candidate defaults) and `exact`, beside one AR run:
+each of the paper's `ssd` r=2, `ssd` r=1, windowed `ssd` (W=17 r=4 and r=6,
+the lossy candidates for the default) and `exact`, beside one AR run:
 first-round acceptance, passes and seconds for one image, Fréchet distance to
 real renders, adherence (paired against AR), and the share of a call's time
 spent drafting. Acceptance alone is not the look (docs/decoding.md): the table

@@ -31,8 +31,11 @@ STRATEGIES: dict[str, type[DecodingStrategy]] = {
     "mtp1d": MTP1DDecoding,
     "zipar": ZipARDecoding,
 }
-DEFAULT_DECODING = "ssd"
-USER_DECODINGS = ("ssd", "exact", "ar")  # what the demo and the ComfyUI node offer; the peers are for benchmarks
+# The default is lossless: `ssd-bench reference` (docs/reference_benchmark.md) names `exact` the one decoding that keeps
+# AR's look and adherence, and `auto` decodes a batch with it up to the CPU's crossover, past it with `ar`.
+DEFAULT_DECODING = "auto"
+# What the demo and the ComfyUI node offer; the peers are for benchmarks.
+USER_DECODINGS = ("auto", "ssd", "exact", "ar")
 
 
 def strategy_class(name: str) -> type[DecodingStrategy]:
@@ -40,6 +43,12 @@ def strategy_class(name: str) -> type[DecodingStrategy]:
     if name not in STRATEGIES:
         raise ValueError(f"unknown decoding {name!r}: choose one of {', '.join(STRATEGIES)}.")
     return STRATEGIES[name]
+
+
+def decoding_label(stats: dict) -> str:
+    """What decoded a call, from its statistics: the strategy's name, and what `auto` chose, e.g. "auto (exact)"."""
+    name, chosen = stats["strategy"], stats.get("chosen_decoding")
+    return name if chosen in (None, name) else f"{name} ({chosen})"
 
 
 def option_default(decoding: str, option: str) -> int | None:
@@ -100,6 +109,7 @@ __all__ = [
     "SSDDecoding",
     "ZipARDecoding",
     "check_options",
+    "decoding_label",
     "make_strategy",
     "option_default",
     "options_for",
