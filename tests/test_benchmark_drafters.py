@@ -22,7 +22,8 @@ def test_drafters_benchmark_writes_one_row_per_heads_and_decoding(tmp_path, caps
         ]
     )
     printed = capsys.readouterr().out
-    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    table, targets = printed.split("Against the targets")
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [(r[0][2:], r[1]) for r in rows] == [("-", "ar")] + [(h, d) for h in ("a=b", "second") for d in DECODINGS]
     assert rows[0][3] == "256" and rows[0][4] == "1.0x"  # AR: one pass per code of 16 x 16
     exact_columns = [2, 3, 4, 8, 9, 10, 11, 12]  # all but the timings
@@ -30,6 +31,9 @@ def test_drafters_benchmark_writes_one_row_per_heads_and_decoding(tmp_path, caps
     assert [rows[1][i] for i in exact_columns] == [rows[same][i] for i in exact_columns]
     assert all(r[7].endswith("%") for r in rows) and rows[0][7] == "0%"  # AR drafts nothing
     assert out.read_text().endswith(printed) and Image.open(out.with_suffix(".png")).size[0] > 0
+    exact_passes = [line for line in targets.splitlines() if line.startswith("| exact: fewer passes than AR |")]
+    assert "| target | bound | a=b | second |" in targets and len(exact_passes) == 1
+    assert exact_passes[0].split(" | ")[2] == f"{256 / float(rows[len(DECODINGS)][3]):.1f}x"  # a=b's exact row
 
 
 def test_the_drafting_clock_counts_drafting_only_and_restores_the_methods():

@@ -7,6 +7,7 @@ first-round acceptance, passes and seconds for one image, Fréchet distance to
 real renders, adherence (paired against AR), and the share of a call's time
 spent drafting. Acceptance alone is not the look (docs/decoding.md): the table
 and its figure put acceptance and Fréchet distance side by side against passes.
+Below them, each set of heads against the drafts' targets (`targets.py`).
 
     ssd-bench drafters --heads "per-cell, smooth L1=hub_cards/ssd-reference/heads" --heads "in-row, KL=runs/h"
 """
@@ -27,7 +28,8 @@ from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import add_reference_renders, plots, report
 from .measure_run import one_image_call, summarize_calls
-from .reference import adherence, versus_baseline
+from .reference import adherence, paired_difference, versus_baseline
+from .targets import targets_table
 
 DECODINGS: dict[str, dict] = {
     "ssd r=2": {"decoding": "ssd", "verify_rounds": 2},
@@ -97,10 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     ):
         row |= {"frechet": frechet, "adherence": q["adherence"], "acceptance": q["acceptance"]}
         row["versus"] = versus_baseline(q["results"], quality[0]["results"], args.images_per_prompt)
+        row["adherence_diff"] = paired_difference(q["results"], quality[0]["results"], args.images_per_prompt)[0]
     lines = table(rows, args)
     figure = args.out.with_suffix(".png")
     acceptance_and_frechet(rows, figure)
     lines += ["", f"![first-round acceptance and Fréchet distance against passes]({figure.name})"]
+    lines += ["", "Against the targets of the drafts (met where marked):", "", *targets_table(rows)]
     report(lines, args.out, "Drafting heads: acceptance, passes and the look", "ssd-bench drafters")
 
 
