@@ -193,10 +193,12 @@ out.images[0].save("fox.png")
 | parameters | {parameters:.2f} B (5 horizontal heads, 1 row drafter) |
 | drafter | recurrent (`vertical_drafter="recurrent"`): each cell of a row reads 5 cells of the row above, the 2 codes drafted to its left and the state it predicted there, so a row is drafted left to right |
 
-Why this drafter: on the reference model, against the paper's per-cell heads shipped with it, it takes
-more first drafts (0.52 against 0.31 with `ssd` r=2), draws fewer fragments (Fréchet distance 285 against 708)
-and lets `exact` finish in fewer passes (74 against 88), for about 6% of a pass's FLOPs at Janus-Pro-7B's shape
-(docs/drafters.md, docs/decoding.md "Drafters that see their row"). The paper's per-cell heads train with the same
+Why this drafter: on the reference model, against the per-cell heads shipped with it, it takes more first
+drafts (0.54 against 0.31 with `ssd` r=2), draws fewer fragments (Fréchet distance 295 against 653, AR's 83) and
+lets `exact` finish in fewer passes (74 against 85; docs/drafters.md, 800 images a decoding). What it costs: a
+row's {grid[1]} steps run one after another, each reading the step's weights again (at Janus-Pro-7B's shape 11.6 GB
+a row against 14 GB a backbone pass; docs/decoding.md, "Drafters that see their row"); on the reference model's
+CPU drafting takes 21-35% of a call. The paper's per-cell heads train with the same
 command given `--vertical 2 --vertical-drafter cell --loss smooth_l1`.
 
 ## Training

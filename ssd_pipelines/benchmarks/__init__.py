@@ -6,7 +6,7 @@ ssd-bench sweep        # AR adherence under guidance, temperature, top-k setting
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
 ssd-bench pipelined    # ssd in row blocks against ssd pipelined on the window: passes, quality -> docs/ssd_pipelined.md
-ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost -> docs/drafters.md
+ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost, targets -> docs/drafters.md
 ssd-bench recheck      # exact's re-checks: proposals for a cell after its left neighbour is redrawn -> docs/exact_recheck.md
 ssd-bench serve        # ar, exact and auto on a local Ray Serve app: images/s, p50/p95 latency -> docs/serving_benchmark.md
 """
