@@ -11,7 +11,9 @@ predicts cell (y, x); e is the input embedding of the code chosen there. The
 draft distribution comes from the backbone's own norm and output head applied to
 h_hat, so the heads never predict token ids directly.
 
-The vertical drafter of offset (+1, 0) comes in four kinds (`vertical_drafter`):
+The vertical drafter of offset (+1, 0) comes in four kinds (`vertical_drafter`), each a class behind one
+interface, `VerticalDrafter` (`CellDrafter`, `RowDrafter`, `InRowDrafter`, `RecurrentDrafter`): the engines,
+the trainer and the benchmarks read what a drafter reads from its attributes, never from its name:
 
     "cell"   the per-cell head above (the paper's, the default)
     "row"    x = Conv1d over [h; e] of (y, x-k..x+k) of the committed row above (zero padding at the row
@@ -33,6 +35,9 @@ for), which is all that is needed to plug them into an unchanged backbone.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
@@ -53,14 +58,15 @@ class DraftHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """hidden: [..., d_h], embeds: [..., d_e] -> predicted hidden [..., d_h]."""
-        x = self.proj(torch.cat([hidden, embeds.to(hidden.dtype)], dim=-1))
+        return self.refine(self.project(hidden, embeds))
+
+    def project(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """W0 z: [..., d_h], [..., d_e] -> [..., d_h]."""
+        return self.proj(torch.cat([hidden, embeds.to(hidden.dtype)], dim=-1))
+
+    def refine(self, x: torch.Tensor) -> torch.Tensor:
         n = self.norm(x)
         return x + self.down(F.silu(self.gate(n)) * self.up(n))
-
-
-VERTICAL_DRAFTERS = ("cell", "row", "inrow", "recurrent")
-"""The kinds of vertical drafter: per cell (the paper's), row context, row context + in-row dependence, and that
-+ the drafter's own state at the cell to the left."""
 
 
 class RowDraftHead(nn.Module):
@@ -103,11 +109,6 @@ class RowDraftHead(nn.Module):
         x - k..x + k, zeros where off the row) -> [..., d_h]."""
         z = torch.cat([hidden, embeds.to(hidden.dtype)], dim=-1)  # [..., kernel, d]
         return torch.einsum("...kd,hdk->...h", z, self.conv.weight)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Its weights' dtype, read without walking every parameter (ModelMixin.dtype does): a row's steps ask."""
-        return self.norm.weight.dtype
 
     def refine(self, x: torch.Tensor) -> torch.Tensor:
         n = self.norm(x)
@@ -180,6 +181,145 @@ class RowDraftHead(nn.Module):
         return torch.stack(drafted, dim=-2)
 
 
+class VerticalDrafter(nn.ModuleList, ABC):
+    """The proposer interface every kind of vertical drafter offers the engines, the trainer and the benchmarks.
+
+    A drafter proposes the hidden state of cell (y + dy, x) from the row above it, y, read at columns
+    x - reach..x + reach (`context`, or `context_at` one cell at a time), then `step`s: for the in-row kinds with
+    the embeddings of the `left_codes` codes drawn to the cell's left, and for the recurrent kind the state
+    predicting the cell to its left. A drafter with left_codes = 0 drafts a whole row in one call; one with
+    left_codes > 0 drafts it left to right. What a caller needs to know of a kind is in these attributes, never in
+    its name. The modules, one per vertical offset, are its items: heads saved before the classes load unchanged.
+    """
+
+    kind: ClassVar[str]
+    reads_left_state: ClassVar[bool] = False
+    left_codes: int = 0  # codes to a cell's left it reads (0: every cell of a row at once)
+    reach: int = 0  # columns either side of x it reads in the row above
+
+    @property
+    def max_rows(self) -> int:
+        """How many rows below the committed one it drafts (vertical offsets 1..max_rows)."""
+        return len(self)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Its weights' dtype, read without walking every parameter (ModelMixin.dtype does): a row's steps ask."""
+        return self[0].norm.weight.dtype
+
+    @abstractmethod
+    def context(self, hidden_above: torch.Tensor, embeds_above: torch.Tensor, offset: int = 1) -> torch.Tensor:
+        """What a committed row gives each cell `offset` rows below it: [..., C, d_h], [..., C, d_e] -> [..., C, d_h],
+        in the drafter's dtype."""
+
+    @abstractmethod
+    def context_at(self, near_hidden: torch.Tensor, near_embeds: torch.Tensor) -> torch.Tensor:
+        """`context` at single cells of the row below, from the row above's columns x - reach..x + reach around
+        each (zeros where off the row): [n, 2 reach + 1, d_h], [n, 2 reach + 1, d_e] -> [n, d_h]."""
+
+    def step(
+        self,
+        context: torch.Tensor,
+        left_embeds: torch.Tensor | None = None,
+        left_state: torch.Tensor | None = None,
+        offset: int = 1,
+    ) -> torch.Tensor:
+        """Draft cells from their `context` [..., d_h], the embeddings of the codes to their left [..., L, d_e]
+        (e(x - 1) first, start vectors where off the row: `start_embeds`) and the state predicting the cell to
+        their left [..., d_h] (zeros at x = 0), each where this kind reads it -> h_hat [..., d_h]."""
+        if left_embeds is not None or left_state is not None:
+            raise ValueError(
+                f"a {self.kind!r} drafter reads neither the codes nor the state to a cell's left: pass "
+                "left_embeds=None and left_state=None."
+            )
+        return self[offset - 1].refine(context)
+
+    def start_embeds(self, left_embeds: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
+        raise ValueError(f"start_embeds is for 'inrow' and 'recurrent' vertical drafters, not {self.kind!r}.")
+
+    @abstractmethod
+    def teacher_forced(
+        self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1
+    ) -> torch.Tensor:
+        """Training: every cell of the row `offset` below each row above at once, with the true codes (and states)
+        to their left: see `DraftHeads.draft_below_teacher_forced`."""
+
+
+class CellDrafter(VerticalDrafter):
+    """The paper's: one `DraftHead` per vertical offset, each cell from the cell above alone."""
+
+    kind = "cell"
+
+    def __init__(self, hidden_size, embed_size, intermediate_size, vertical_offsets, **_):
+        super().__init__(DraftHead(hidden_size, embed_size, intermediate_size) for _ in vertical_offsets)
+
+    def context(self, hidden_above, embeds_above, offset=1):
+        return self[offset - 1].project(hidden_above.to(self.dtype), embeds_above.to(self.dtype))
+
+    def context_at(self, near_hidden, near_embeds):
+        return self.context(near_hidden[..., 0, :], near_embeds[..., 0, :])
+
+    def teacher_forced(self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1):
+        return self[offset - 1](hidden_above, embeds_above)
+
+
+class RowDrafter(VerticalDrafter):
+    """Row context: x = Conv1d over [h; e] of the row above's columns x - reach..x + reach, then refined."""
+
+    kind = "row"
+    reads_left_codes: ClassVar[bool] = False
+
+    def __init__(self, hidden_size, embed_size, intermediate_size, row_kernel, left_codes, **_):
+        left = left_codes if self.reads_left_codes else 0
+        super().__init__(
+            [RowDraftHead(hidden_size, embed_size, intermediate_size, row_kernel, left, self.reads_left_state)]
+        )
+        self.left_codes, self.reach = left, row_kernel // 2
+
+    def context(self, hidden_above, embeds_above, offset=1):
+        return self[0].context(hidden_above.to(self.dtype), embeds_above.to(self.dtype))
+
+    def context_at(self, near_hidden, near_embeds):
+        return self[0].context_at(near_hidden.to(self.dtype), near_embeds.to(self.dtype))
+
+    def step(self, context, left_embeds=None, left_state=None, offset=1):
+        dtype = self.dtype
+        return self[0].step(
+            context.to(dtype),
+            None if left_embeds is None else left_embeds.to(dtype),
+            None if left_state is None else left_state.to(dtype),
+        )
+
+    def teacher_forced(self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1):
+        states = row_hidden if self.reads_left_state else None
+        return self[0].teacher_forced(hidden_above, embeds_above, row_embeds, states, true_left)
+
+
+class InRowDrafter(RowDrafter):
+    """Row context + W_left [e(x-1); ...; e(x-L)]: each cell also reads the codes drawn to its left."""
+
+    kind = "inrow"
+    reads_left_codes = True
+
+    def start_embeds(self, left_embeds, off_row):
+        return self[0].with_start(left_embeds.to(self.dtype), off_row)
+
+
+class RecurrentDrafter(InRowDrafter):
+    """In-row + W_state s(x - 1): each cell also reads the state predicting the cell to its left (EAGLE's
+    feature recurrence)."""
+
+    kind = "recurrent"
+    reads_left_state = True
+
+
+VERTICAL_DRAFTERS: dict[str, type[VerticalDrafter]] = {
+    cls.kind: cls for cls in (CellDrafter, RowDrafter, InRowDrafter, RecurrentDrafter)
+}
+"""The kinds of vertical drafter: per cell (the paper's), row context, row context + in-row dependence, and that
++ the drafter's own state at the cell to the left."""
+
+
 class DraftHeads(ModelMixin, ConfigMixin):
     """The horizontal heads (offsets (0, +dx)) and vertical heads (offsets (+dy, 0)) of one backbone.
 
@@ -219,16 +359,14 @@ class DraftHeads(ModelMixin, ConfigMixin):
         self.horizontal = nn.ModuleList(
             DraftHead(hidden_size, embed_size, intermediate_size) for _ in horizontal_offsets
         )
-        if vertical_drafter == "cell":
-            self.vertical = nn.ModuleList(
-                DraftHead(hidden_size, embed_size, intermediate_size) for _ in vertical_offsets
-            )
-        else:
-            left = 0 if vertical_drafter == "row" else left_codes
-            state = vertical_drafter == "recurrent"
-            self.vertical = nn.ModuleList(
-                [RowDraftHead(hidden_size, embed_size, intermediate_size, row_kernel, left, state)]
-            )
+        self.vertical: VerticalDrafter = VERTICAL_DRAFTERS[vertical_drafter](
+            hidden_size=hidden_size,
+            embed_size=embed_size,
+            intermediate_size=intermediate_size,
+            vertical_offsets=vertical_offsets,
+            row_kernel=row_kernel,
+            left_codes=left_codes,
+        )
 
     @property
     def max_horizontal(self) -> int:
@@ -236,63 +374,65 @@ class DraftHeads(ModelMixin, ConfigMixin):
 
     @property
     def max_vertical(self) -> int:
-        return len(self.vertical)
+        return self.vertical.max_rows
 
     @property
     def drafter(self) -> str:
         """The kind of vertical drafter: "cell", "row", "inrow" or "recurrent" (heads saved before the kinds
-        existed: "cell")."""
-        return self.config.vertical_drafter
+        existed: "cell"). Callers read what it does from `vertical` (`VerticalDrafter`), not from this name."""
+        return self.vertical.kind
 
     @property
     def in_row(self) -> bool:
         """Whether the vertical drafter reads the codes to a cell's left (a row is then drafted left to right)."""
-        return self.drafter in ("inrow", "recurrent")
+        return self.vertical.left_codes > 0
 
     @property
     def reads_left_state(self) -> bool:
         """Whether it also reads the state predicting the cell to the left ("recurrent")."""
-        return self.drafter == "recurrent"
+        return self.vertical.reads_left_state
 
     def draft_right(self, hidden: torch.Tensor, embeds: torch.Tensor, count: int) -> torch.Tensor:
         """Hidden states of the `count` cells right of one cell. [B, d_h], [B, d_e] -> [B, count, d_h]."""
-        return self._run(self.horizontal[:count], hidden, embeds)
+        dtype = self.dtype
+        drafts = [head(hidden.to(dtype), embeds.to(dtype)) for head in self.horizontal[:count]]
+        return torch.stack(drafts, dim=1).to(hidden.dtype)
 
     def draft_below(self, hidden: torch.Tensor, embeds: torch.Tensor, rows: int) -> torch.Tensor:
         """Hidden states of the `rows` rows below a committed row. [B, C, d_h], [B, C, d_e] -> [B, rows, C, d_h].
 
-        One parallel call for "cell" and "row" heads; an in-row drafter ("inrow", "recurrent") drafts left to
-        right (`row_context`, `draft_step`)."""
-        if self.drafter == "cell":
-            return self._run(self.vertical[:rows], hidden, embeds)
-        if self.in_row:
+        One parallel call for drafters that read no codes to a cell's left; an in-row drafter ("inrow",
+        "recurrent") drafts left to right (`row_context`, `draft_step`)."""
+        drafter = self.vertical
+        if drafter.left_codes:
             raise ValueError(
-                f"an {self.drafter!r} drafter drafts a row left to right, each cell from the codes drafted to its "
+                f"an {drafter.kind!r} drafter drafts a row left to right, each cell from the codes drafted to its "
                 "left: call row_context once per row, then draft_step cell by cell."
             )
-        if rows != 1:
-            raise ValueError(f"a 'row' drafter drafts the one row below (vertical offset 1): pass rows=1, not {rows}.")
-        head = self.vertical[0]
-        dtype = self.dtype
-        return head.refine(head.context(hidden.to(dtype), embeds.to(dtype)))[..., None, :, :].to(hidden.dtype)
+        if not 1 <= rows <= drafter.max_rows:
+            raise ValueError(
+                f"a {drafter.kind!r} drafter drafts rows 1..{drafter.max_rows} below the committed one: pass rows in "
+                f"that range, not {rows}."
+            )
+        drafts = [drafter.step(drafter.context(hidden, embeds, dy), offset=dy) for dy in range(1, rows + 1)]
+        return torch.stack(drafts, dim=-3).to(hidden.dtype)
 
     def row_context(self, hidden_above: torch.Tensor, embeds_above: torch.Tensor) -> torch.Tensor:
-        """The row kinds: the convolution over the committed row above, once per row. [B', C, d_h], [B', C, d_e]
-        -> [B', C, d_h], in the heads' dtype (pass it to `draft_step` as it is)."""
-        head = self._row_head("row_context")
-        return head.context(hidden_above.to(head.dtype), embeds_above.to(head.dtype))
+        """What the committed row above gives each cell of the row below, once per row (the row kinds: the
+        convolution; "cell": W0 z). [B', C, d_h], [B', C, d_e] -> [B', C, d_h], in the heads' dtype (pass it to
+        `draft_step` as it is)."""
+        return self.vertical.context(hidden_above, embeds_above)
 
     def row_context_at(self, hidden_near: torch.Tensor, embeds_near: torch.Tensor) -> torch.Tensor:
-        """`row_context` at single cells, from the row above's columns x - k..x + k around each (k = row_kernel
-        // 2; zeros where off the row): [n, row_kernel, d_h], [n, row_kernel, d_e] -> [n, d_h], heads' dtype."""
-        head = self._row_head("row_context_at")
-        return head.context_at(hidden_near.to(head.dtype), embeds_near.to(head.dtype))
+        """`row_context` at single cells, from the row above's columns x - k..x + k around each (k = the drafter's
+        reach: row_kernel // 2, 0 for "cell"; zeros where off the row): [n, 2k + 1, d_h], [n, 2k + 1, d_e] -> [n, d_h],
+        heads' dtype."""
+        return self.vertical.context_at(hidden_near, embeds_near)
 
     def start_embeds(self, left_embeds: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
         """In-row kinds: left_embeds [..., left_codes, d_e] (e(x-1) first) with the learned start vector j wherever
         x - j falls off the row's left end (off_row [..., left_codes] True)."""
-        head = self._row_head("start_embeds", in_row=True)
-        return head.with_start(left_embeds.to(head.dtype), off_row)
+        return self.vertical.start_embeds(left_embeds, off_row)
 
     def draft_step(
         self,
@@ -304,14 +444,8 @@ class DraftHeads(ModelMixin, ConfigMixin):
         embeddings of the codes to its left, left_embeds [B', left_codes, d_e] (e(x-1) first, start vectors where
         off the row; see `start_embeds`), and for "recurrent" left_state [B', d_h], the state predicting the cell
         to its left (the drafter's own output there, or the backbone's state where it has one; zeros at x = 0)
-        -> h_hat [B', d_h], in the heads' dtype. "row": left_embeds=None."""
-        head = self._row_head("draft_step")
-        dtype = head.dtype
-        return head.step(
-            context_x.to(dtype),
-            None if left_embeds is None else left_embeds.to(dtype),
-            None if left_state is None else left_state.to(dtype),
-        )
+        -> h_hat [B', d_h], in the heads' dtype. "cell" and "row": left_embeds=None."""
+        return self.vertical.step(context_x, left_embeds, left_state)
 
     def draft_below_teacher_forced(
         self,
@@ -320,8 +454,9 @@ class DraftHeads(ModelMixin, ConfigMixin):
         row_embeds: torch.Tensor,
         row_hidden: torch.Tensor | None = None,
         true_left: torch.Tensor | None = None,
+        offset: int = 1,
     ) -> torch.Tensor:
-        """Training: the row below of every row above at once. hidden_above [..., C, d_h], embeds_above
+        """Training: the row `offset` rows below (1 but for per-cell heads) of every row above at once. hidden_above [..., C, d_h], embeds_above
         [..., C, d_e], row_embeds [..., C, d_e] the embeddings of the drafted row's true codes (cell x reads
         x-1..x-left_codes of them, start vectors off the row; only the in-row kinds read them), row_hidden
         [..., C, d_h] the drafted row's true states (only "recurrent" reads them: column 0's, the state its cell 1
@@ -331,29 +466,10 @@ class DraftHeads(ModelMixin, ConfigMixin):
         Cell x gives what `draft_step` gives with the same codes (and states) to its left. Works for every kind
         ("cell": the offset-1 head)."""
         dtype = self.dtype
-        hidden, embeds = hidden_above.to(dtype), embeds_above.to(dtype)
-        head = self.vertical[0]
-        if self.drafter == "cell":
-            out = head(hidden, embeds)
-        else:
-            states = row_hidden if self.reads_left_state else None
-            out = head.teacher_forced(hidden, embeds, row_embeds.to(dtype), states, true_left)
+        out = self.vertical.teacher_forced(
+            hidden_above.to(dtype), embeds_above.to(dtype), row_embeds.to(dtype), row_hidden, true_left, offset
+        )
         return out.to(hidden_above.dtype)
-
-    def _row_head(self, method: str, in_row: bool = False) -> RowDraftHead:
-        if self.drafter == "cell" or (in_row and not self.in_row):
-            kinds = "'inrow' and 'recurrent'" if in_row else "'row', 'inrow' and 'recurrent'"
-            raise ValueError(
-                f"{method} is for {kinds} vertical drafters; these heads have vertical_drafter={self.drafter!r}"
-                + (": use draft_below." if not self.in_row else ".")
-            )
-        return self.vertical[0]
-
-    def _run(self, heads: nn.ModuleList, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """Heads in their own dtype, drafts in the backbone's: heads kept in fp32 beside a bf16 backbone work."""
-        dtype = self.dtype
-        drafts = torch.stack([head(hidden.to(dtype), embeds.to(dtype)) for head in heads], dim=1)
-        return drafts.to(hidden.dtype)
 
     def check_compatible(self, backbone) -> None:
         """Raise, naming both shapes (or devices), if these heads cannot read this backbone's states."""

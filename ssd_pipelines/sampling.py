@@ -166,6 +166,10 @@ class ImageGenerators:
             noise[torch.tensor(order, device=device)] = torch.cat(drawn)
         return noise
 
+    def each(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """[B, *shape]: image b's draw of `shape` from its own generator, in one call each."""
+        return torch.stack([self._draw(g, shape, device) for g in self.generators])
+
     @staticmethod
     def _draw(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         return torch.rand(shape, generator=generator, device=generator.device).to(device)
@@ -206,12 +210,17 @@ def uniform(
 def sample(probs: torch.Tensor, generator: RandomSource = None, images=None) -> torch.Tensor:
     """Draw one code per distribution by inverting its CDF. probs: [..., K] -> codes [...].
     images: which image each row of probs belongs to, for `ImageGenerators` (see `uniform`)."""
+    return sample_with(probs, uniform(probs.shape[:-1], generator, probs.device, images))
+
+
+def sample_with(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`sample` with its noise drawn beforehand: u [...] in [0, 1), one per distribution of probs [..., K]."""
     cdf = probs.cumsum(-1)  # [..., K]
-    u = uniform(probs.shape[:-1], generator, probs.device, images)[..., None] * cdf[..., -1:]  # [..., 1]
+    u = u[..., None] * cdf[..., -1:]  # [..., 1]
     # The first code whose CDF exceeds u: codes of zero probability never are (their CDF equals the previous
     # one). Should rounding put u at the CDF's end, the last code of positive probability is taken.
     last_possible = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # [..., 1]
-    return torch.minimum(torch.searchsorted(cdf, u, right=True), last_possible).squeeze(-1)
+    return torch.minimum(torch.searchsorted(cdf, u.contiguous(), right=True), last_possible).squeeze(-1)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -247,12 +256,50 @@ def verify_round(
     images: which image each row of tokens belongs to, for `ImageGenerators` (see `uniform`): each image draws its
     acceptance noise, then its resampling noise.
     """
+    accept_noise = uniform(tokens.shape, generator, tokens.device, images)
+    return verify_with(tokens, q, p, accept_noise, uniform(tokens.shape, generator, tokens.device, images))
+
+
+def verify_with(
+    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, accept_noise: torch.Tensor, resample_noise: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`verify_round` with its noise drawn beforehand, U[0, 1) of tokens' shape [B, N] each: what the engines call,
+    so that a pass draws its noise in one piece (`NoiseTape`) and never waits on the host."""
     p_token = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
     q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    u = uniform(tokens.shape, generator, tokens.device, images)
-    accepted = u * q_token < p_token  # u < p/q without dividing by a zero q
-    resampled = sample(residual(p, q), generator, images)
+    accepted = accept_noise * q_token < p_token  # u < p/q without dividing by a zero q
+    resampled = sample_with(residual(p, q), resample_noise)
     return torch.where(accepted, tokens, resampled), p, accepted
+
+
+class NoiseTape:
+    """The noise of a decoding loop, drawn ahead in pieces: every step takes [B, width] uniforms, image b's from its
+    own generator (or all from one), so what a step draws never depends on the data, and drawing never waits on
+    the host (a CPU generator feeding a GPU copies once a piece, not once a step).
+
+    The tape is what drawing step by step would give: image b's generator (or the one generator, batch-major)
+    draws its steps' rows in order, `steps_ahead` of them at a time. So an image's codes still depend only on its
+    own generator, and the steps a decoding takes decide how much of the tape it reads, not what is on it."""
+
+    def __init__(self, generator: RandomSource, batch: int, width: int, device: torch.device, steps_ahead: int = 32):
+        self.generator, self.batch, self.width, self.device = generator, batch, width, device
+        self.steps_ahead = steps_ahead
+        self.piece: torch.Tensor | None = None  # [steps_ahead, B, width]
+        self.used = steps_ahead
+
+    def next(self) -> torch.Tensor:
+        """The next step's noise [B, width]."""
+        if self.used == self.steps_ahead:
+            self.piece = self._draw()
+            self.used = 0
+        self.used += 1
+        return self.piece[self.used - 1]
+
+    def _draw(self) -> torch.Tensor:
+        shape = (self.steps_ahead, self.batch, self.width)
+        if isinstance(self.generator, ImageGenerators):  # image b's steps in order, as drawn one by one
+            return self.generator.each((self.steps_ahead, self.width), self.device).transpose(0, 1)
+        return uniform(shape, self.generator, self.device)
 
 
 def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:

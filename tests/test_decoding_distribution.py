@@ -14,7 +14,7 @@ import ssd_pipelines.decoding.frontier as frontier_module
 import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ARDecoding, AutoDecoding, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
-from ssd_pipelines.sampling import residual, sample, verify_round
+from ssd_pipelines.sampling import residual, sample_with, verify_with
 from ssd_pipelines.testing import tiny_heads
 
 SAMPLES = 30_000
@@ -129,29 +129,29 @@ def test_ssd_with_an_inrow_drafter_converges_with_rounds():
 
 def test_an_inrow_q_that_is_not_the_one_drawn_from_is_caught(monkeypatch):
     """Codes drawn left to right from the codes to their left, but each q taken as if those were off the row."""
-    right = SSDDecoding._draft_in_row
+    right = SSDDecoding._draft_below
 
-    def wrong(self, run, h_next, row_hidden, row_embeds):
-        codes, q = right(self, run, h_next, row_hidden, row_embeds)
+    def wrong(self, run, block, h_next, row_hidden, row_embeds, noise):
+        codes, q = right(self, run, block, h_next, row_hidden, row_embeds, noise)
         blind = self.heads.draft_below_teacher_forced(row_hidden, row_embeds, torch.zeros_like(row_embeds))
         return codes, torch.cat([q[:, :1], run.probs(blind.to(h_next.dtype))[:, 1:]], dim=1)
 
-    monkeypatch.setattr(SSDDecoding, "_draft_in_row", wrong)
+    monkeypatch.setattr(SSDDecoding, "_draft_below", wrong)
     g = g_of(lambda heads: SSDDecoding(heads, verify_rounds=None), row_setup("inrow"), seed=90)
     assert g.statistic > 3 * g.bound, g
 
 
-def _keep_head_q(tokens, q, p, generator=None, images=None):
+def _keep_head_q(tokens, q, p, accept_noise, residual_noise):
     """The rule SJD uses: the next q is the distribution each token was drawn from."""
-    new_tokens, _, accepted = verify_round(tokens, q, p, generator, images)
+    new_tokens, _, accepted = verify_with(tokens, q, p, accept_noise, residual_noise)
     return new_tokens, torch.where(accepted.unsqueeze(-1), q, residual(p, q)), accepted
 
 
-def _skip_residual(tokens, q, p, generator=None, images=None):  # one generator: `images` is for per-image ones
+def _skip_residual(tokens, q, p, accept_noise, residual_noise):
     p_token = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    accepted = torch.rand(tokens.shape, generator=generator) * q_token < p_token
-    return torch.where(accepted, tokens, sample(p, generator)), p, accepted
+    accepted = accept_noise * q_token < p_token
+    return torch.where(accepted, tokens, sample_with(p, residual_noise)), p, accepted
 
 
 def test_a_wrong_frontier_rule_is_caught(monkeypatch):
@@ -167,7 +167,7 @@ def test_a_wrong_frontier_rule_is_caught(monkeypatch):
 @pytest.mark.parametrize("module", [frontier_module, ssd_module], ids=["exact", "ssd-no-cap"])
 @pytest.mark.parametrize("wrong_round", [_keep_head_q, _skip_residual])
 def test_a_wrong_verifier_is_caught(monkeypatch, module, wrong_round):
-    monkeypatch.setattr(module, "verify_round", wrong_round)
+    monkeypatch.setattr(module, "verify_with", wrong_round)
     build = (
         (lambda h: ExactDecoding(h, window=8))
         if module is frontier_module
@@ -228,8 +228,8 @@ def test_a_reproposed_q_that_the_code_was_not_drawn_from_is_caught(monkeypatch):
     """`exact`'s re-proposals with q moved to q' but the code kept as it was (no accept/resample step against q')."""
     right = frontier_module.FrontierRun._repropose
 
-    def wrong(self, batch, cells, codes, todo, new_codes, next_q):
-        _, moved_q, moved = right(self, batch, cells, codes, todo, new_codes, next_q)
+    def wrong(self, cells, codes, todo, new_codes, next_q, accept_noise, residual_noise):
+        _, moved_q, moved = right(self, cells, codes, todo, new_codes, next_q, accept_noise, residual_noise)
         return new_codes, moved_q, torch.zeros_like(moved)
 
     monkeypatch.setattr(frontier_module.FrontierRun, "_repropose", wrong)

@@ -85,8 +85,10 @@ def test_exact_with_perfect_drafts_commits_a_whole_window_per_pass(monkeypatch, 
     truth = ARDecoding().decode(backbone, prompts, sampling).codes.flatten(1)
 
     class PerfectDrafts(exact_module.FrontierRun):
-        def _take_drafts(self, b, c, drafted):
-            super()._take_drafts(b, c, drafted)
+        def _draft(self, progress, noise):
+            undrafted = self.run.codes < 0
+            super()._draft(progress, noise)
+            b, c = (undrafted & (self.run.codes >= 0)).nonzero(as_tuple=True)
             self.run.codes[b, c] = truth[b, c]
             self.q[b, c % self.ring] = F.one_hot(truth[b, c], 8).float()
 

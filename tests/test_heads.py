@@ -103,13 +103,18 @@ def test_bad_drafter_settings_say_what_to_pass(kwargs, message):
         DraftHeads(hidden_size=8, embed_size=8, codebook_size=4, **kwargs)
 
 
-def test_the_per_cell_drafter_is_the_default_and_has_no_row_api(heads):
+def test_the_per_cell_drafter_is_the_default_and_drafts_through_the_same_interface(heads):
+    """The row context of per-cell heads is W0 z of the cell above, and a step refines it: the same drafts as
+    draft_below, so that the engines drive every kind alike."""
     assert heads.config.vertical_drafter == "cell" and heads.drafter == "cell" and not heads.in_row
     assert heads.config.row_kernel == 5 and heads.config.left_codes == 2
-    with pytest.raises(
-        ValueError, match="draft_step is for 'row', 'inrow' and 'recurrent' vertical drafters.*use draft_below"
-    ):
-        heads.draft_step(torch.randn(2, 32))
+    assert (heads.vertical.reach, heads.vertical.left_codes, heads.vertical.max_rows) == (0, 0, 2)
+    hidden, embeds = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    stepped = heads.draft_step(heads.row_context(hidden, embeds))
+    torch.testing.assert_close(stepped, heads.draft_below(hidden, embeds, 1)[:, 0])
+    torch.testing.assert_close(heads.row_context_at(hidden[:, :, None], embeds[:, :, None]), heads.row_context(hidden, embeds))
+    with pytest.raises(ValueError, match="reads neither the codes nor the state to a cell's left"):
+        heads.draft_step(torch.randn(2, 32), torch.randn(2, 2, 32))
     with pytest.raises(ValueError, match="start_embeds is for 'inrow'"):
         row_heads("row").start_embeds(torch.randn(2, 2, 12), torch.ones(2, 2, dtype=torch.bool))
 
@@ -165,7 +170,7 @@ def test_the_row_drafter_is_a_conv_over_the_row_above_then_swiglu():
     torch.testing.assert_close(torch.stack([heads.draft_step(context[:, c]) for c in range(6)], 1), expected)
     with pytest.raises(ValueError, match="reads no codes to a cell's left: pass left_embeds=None"):
         heads.draft_step(context[:, 0], torch.randn(2, 2, 12))
-    with pytest.raises(ValueError, match="pass rows=1, not 2"):
+    with pytest.raises(ValueError, match="drafts rows 1..1 below the committed one: pass rows in that range, not 2"):
         heads.draft_below(hidden, embeds, 2)
 
 

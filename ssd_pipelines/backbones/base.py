@@ -144,10 +144,12 @@ class ImageBackbone(ABC):
     def extend(self, state: KVState, embeds: torch.Tensor) -> torch.Tensor:
         """Append input embeddings [B', n, d_e] to the cache; return their pre-norm hidden states [B', n, d_h]."""
 
-    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
         """Run input embeddings [B', n, d_e] at image positions starts[b] ... starts[b] + n - 1 of each row, each
         row attending to its own committed positions before starts[b]; return their pre-norm hidden states
-        [B', n, d_h]. Rows advance at their own pace: what a row wrote beyond its next start is never seen."""
+        [B', n, d_h]. Rows advance at their own pace: what a row wrote beyond its next start is never seen.
+        length: image slots the pass attends over, at least every row's starts[b] + n (the caller knows it without
+        asking the device)."""
         raise NotImplementedError(f"{type(self).__name__} cannot advance the rows of a batch separately.")
 
     def extend_at(

@@ -133,9 +133,9 @@ class CausalLMBackbone(ImageBackbone):
         return self._run(embeds, state, position_ids, attention_mask)
 
     @torch.no_grad()
-    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
         positions = starts[:, None] + torch.arange(embeds.shape[1], device=embeds.device)  # [B', n]
-        slots = torch.arange(int(positions.max()) + 1, device=embeds.device)
+        slots = torch.arange(length, device=embeds.device)
         # causal, and blind to uncommitted slots beyond: [B', n, T]
         return self.extend_at(state, embeds, positions, slots <= positions[..., None])
 

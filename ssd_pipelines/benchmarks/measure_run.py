@@ -48,9 +48,9 @@ class CountingBackbone:
         self.tokens += embeds.shape[1]
         return self._backbone.extend(state, embeds)
 
-    def extend_rows(self, state, embeds, starts):
+    def extend_rows(self, state, embeds, starts, length):
         self.tokens += embeds.shape[1]
-        return self._backbone.extend_rows(state, embeds, starts)
+        return self._backbone.extend_rows(state, embeds, starts, length)
 
     def extend_at(self, state, embeds, positions, visible, slots=None):
         self.tokens += embeds.shape[1]

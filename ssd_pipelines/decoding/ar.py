@@ -1,14 +1,16 @@
 """Plain autoregressive decoding: the baseline every speedup is measured against.
 
 One backbone pass per image code, KV-cached, both guidance branches in one
-batch. A forced end-of-line token rides in the same pass as the code before it,
-so AR costs exactly R x C passes (the prefill yields the first cell's
-distribution; the last code needs no pass after it). Nothing is done per step
-that a fast AR loop would not do, or every ratio we publish would be inflated.
+batch, with no read of the host. A forced end-of-line token rides in the same
+pass as the code before it, so AR costs exactly R x C passes (the prefill yields
+the first cell's distribution; the last code needs no pass after it). Nothing is
+done per step that a fast AR loop would not do, or every ratio we publish would
+be inflated.
 """
 
 from __future__ import annotations
 
+from ..sampling import NoiseTape, sample_with
 from .base import Block, DecodeRun, DecodingStrategy
 
 
@@ -27,12 +29,13 @@ class ARDecoding(DecodingStrategy):
         grid = run.grid
         state, h_next = run.prefill()  # h_next: [B', d], predicts the next cell
         run.final_round.zero_()  # every cell is drawn from its exact distribution
+        noise = NoiseTape(run.generator, run.prompts.batch_size, 1, run.codes.device)  # what drawing cell by cell gives
         if self.record_hidden:
             run.hidden = h_next.new_empty(h_next.shape[0], grid.num_cells, h_next.shape[-1])
         for cell in range(grid.num_cells):
             if self.record_hidden:
                 run.hidden[:, cell] = h_next
-            run.codes[:, cell] = run.sample(run.probs(h_next))
+            run.codes[:, cell] = sample_with(run.probs(h_next), noise.next()[:, 0])
             row, col = divmod(cell, grid.cols)
             if col == grid.cols - 1:
                 run.rows_committed(row)

@@ -311,16 +311,16 @@ class DecodeRun:
             if self.callback is not None:
                 self.stopped = bool(self.callback(row, self._committed_grid(self.codes)))
 
-    def frontier_reached(self, last_final: torch.Tensor) -> None:
-        """Per image, the sequence position of its last final token [B] (>= the sequence length when done):
-        rows whose every cell is final in every image go to the callback."""
+    def rows_final(self, last_final: int) -> None:
+        """The earliest position of any image's last final token (>= the sequence length when all are done): rows
+        whose every cell is final in every image go to the callback."""
         grid = self.grid
-        last = last_final.clamp_max(grid.sequence_length - 1)
-        rows = ((last - grid.cols + 1).div(grid.row_length, rounding_mode="floor") + 1).clamp(0, grid.rows)
-        rows = torch.where(last_final >= grid.sequence_length, grid.rows, rows)
-        completed = int(rows.min())
-        if completed > 0:
-            self.rows_committed(completed - 1)
+        if last_final >= grid.sequence_length:
+            rows = grid.rows
+        else:
+            rows = min(max((last_final - grid.cols + 1) // grid.row_length + 1, 0), grid.rows)
+        if rows > 0:
+            self.rows_committed(rows - 1)
 
     def _committed_grid(self, cells: torch.Tensor) -> torch.Tensor:
         """A copy of [B, R * C] as [B, R, C], UNDECODED in every row past `rows_completed` (a block may have

@@ -9,36 +9,38 @@ lockstep, so here every image of a batch has a frontier `done` (positions of the
 image sequence committed to its KV cache; the token at `done` is final too), and
 each pass runs the W positions from `done` on:
 
-1. Verify. The pass gives the target p of every position after `done` up to
+1. Draft. Every cell of the window that has no code gets one, in raster order,
+   so that whatever a draft reads is there before it: in the first row from the
+   horizontal heads, right of the rightmost cell that has been through a pass;
+   below it from the vertical drafter, which reads the row above around the
+   cell (its code, and the latest pass's hidden state there, final or not) and,
+   for the in-row kinds, the codes drawn to its left ("recurrent": also the
+   latest state predicting the cell to its left, drafted or passed). A code's q
+   is always the distribution it was drawn from, so every verification is a
+   valid speculative step.
+2. Verify. The pass gives the target p of every position after `done` up to
    and including the one just past the window. A drafted cell is accepted with
    probability min(1, p/q), else resampled from norm(max(0, p - q)); its q becomes
    p (the Jacobi rule: its code is now a sample of p). The first cell with no
    code yet is sampled from its p.
-2. Advance. Positions before the first cell whose code changed hold final codes
+3. Advance. Positions before the first cell whose code changed hold final codes
    whose cache entries were computed from a final context: they are committed,
    and the changed cell (resampled against its true conditional) is final. With
    no change, the whole window is committed and the cell past it is final.
-3. Re-propose (`exact` with an in-row drafter). A cell verified in the pass whose
+4. Re-propose (`exact` with an in-row drafter). A cell verified in the pass whose
    left codes the pass changed gets a q moved as the drafter predicts its target
    moves, and its code becomes a sample of that q by one accept/resample step.
-4. Draft. Cells entering the window are drafted by the vertical heads from the
-   cell above (its code, and the latest pass's hidden state there, final or
-   not), in the first row by the horizontal heads from the rightmost cell that
-   has been through a pass. A "row" drafter waits for codes in the row above's
-   cells x - k..x + k, an "inrow" one also for those left of it in its own row,
-   so its rows are drafted left to right over the bands ("recurrent" also reads
-   the latest hidden state of the cell to its left, drafted or passed). A code's q is always
-   the distribution it was drawn from, so every verification is a valid
-   speculative step.
 
 End-of-line tokens are forced, never drafted or verified. A cell verified before
 the frontier reaches it arrives nearly converged, because its q is its last p.
 
-With one generator per image (`sampling.ImageGenerators`), every pass draws a
-window's noise per image, and drafts, flattened across images, say whose each
-is: an image's draws follow its own frontier, so its codes do not depend on its
-batch. A finished image idles at the end and still draws, but nothing of it
-changes.
+Written as a GPU runs it: every step works on the whole window of every image,
+masked, so that shapes do not follow the data, and the only read of the host is
+the loop's one per pass (`sliding.Progress`), which also says how many cells the
+images draft. Each pass reads one row of a `NoiseTape`: image b's noise comes
+from its own generator in a fixed layout, so its codes do not depend on its
+batch. A finished image idles at the end and still reads its tape, but nothing
+of it changes.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from __future__ import annotations
 import torch
 
 from ..heads import DraftHeads
-from ..sampling import reweighted, verify_round
-from .base import UNDECODED, CheckCounter, DecodeRun, both_branches, cells_by_position
+from ..sampling import NoiseTape, reweighted, sample_with, verify_with
+from .base import DecodeRun
+from .sliding import Progress, SlidingWindow
 
 
 def committed_positions(changed: torch.Tensor) -> torch.Tensor:
@@ -63,7 +66,15 @@ def check_window(window: int | None) -> None:
         raise ValueError(f"window must be a positive number of positions, got {window!r}.")
 
 
-class FrontierRun:
+def scatter_where(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+    """target[b, index[b, i]] = values[b, i] where `where`, else what it holds; trailing dims follow. Indices of one
+    row must be distinct, except where `where` is False and the target is not written elsewhere."""
+    index = index.view(*index.shape, *(1,) * (target.dim() - 2)).expand(*index.shape, *target.shape[2:])
+    where = where.view(*where.shape, *(1,) * (target.dim() - 2))
+    target.scatter_(1, index, torch.where(where, values, target.gather(1, index)))
+
+
+class FrontierRun(SlidingWindow):
     """The state of one `exact` call, or of a pipelined `ssd` one (a cap on each cell's verifications): per image a
     frontier, codes with their q, and the latest hidden states."""
 
@@ -80,104 +91,102 @@ class FrontierRun:
         horizontal: first-row cells the horizontal heads draft right of a passed cell (default: all they can).
         repropose: with an in-row drafter, the power of its predicted change that moves the q of a cell whose left
         codes a pass changed (`_repropose`); 0: off."""
-        self.run, self.heads, self.grid = run, heads, run.grid
+        super().__init__(run, window)
+        self.heads, self.drafter = heads, heads.vertical
         self.max_checks = max_checks
-        self.repropose = repropose if heads.in_row else 0.0
+        self.repropose = repropose if self.drafter.left_codes else 0.0
         self.horizontal = heads.max_horizontal if horizontal is None else horizontal
-        grid, device = run.grid, run.codes.device
-        self.window = min(window, grid.sequence_length)  # W
-        self.cell_at = cells_by_position(grid, device)
-        batch = run.prompts.batch_size
-        self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed positions
-        self.ring = self.window + 1  # q of cell c lives in slot c % ring (cells past the frontier); one spare
+        grid, device, W = run.grid, run.codes.device, self.window
+        # Drafts of a parallel drafter wait on the row above only: a chain of them spans the window's rows.
+        span = max(grid.row_length - self.drafter.reach, 1)
+        self.draft_steps = 1 + (W - 1) // span
+        self.ring = W + 1  # q of cell c lives in slot c % ring (cells past the frontier); one spare
         self.q: torch.Tensor | None = None  # [B, ring + 1, K]
         self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
+        batch = run.prompts.batch_size
         self.passed = torch.zeros(batch, grid.num_cells, dtype=torch.bool, device=device)  # hidden from a pass
-        self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
-        self.rounds = CheckCounter(grid.sequence_length + 2, device)  # at most 1 + S passes
+        # A pass's noise: acceptance, residual and fresh draws and two for re-proposals at each of its W + 1
+        # positions, then one for each cell drafted before it.
+        self.noise = NoiseTape(run.generator, batch, 5 * (W + 1) + W, device)
 
-    def decode(self) -> None:
+    def start(self) -> None:
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
         p_first = run.probs(h_first)  # [B, K]
         self.q = p_first.new_zeros(run.prompts.batch_size, self.ring + 1, p_first.shape[-1])
         self.hidden = h_first.new_zeros(h_first.shape[0], grid.num_cells, run.backbone.hidden_size)
-        run.codes[:, 0] = run.sample(p_first)
+        run.codes[:, 0] = sample_with(p_first, self.noise.next()[:, 0])
         run.final_round[:, 0] = 0
         self.hidden[:, 0] = h_first
         self.passed[:, 0] = True
-        self._draft()
-        while not run.stopped and bool((self.done < grid.sequence_length).any()):
-            self._pass()
-            self.run.frontier_reached(self.done)
-        self.rounds.write_to(run.stats)
 
-    def _pass(self) -> None:
-        """One forward pass over each image's window: verify, advance the frontier, draft what enters."""
+    def step(self, progress: Progress) -> None:
+        noise = self.noise.next()
+        W1 = self.window + 1
+        self._draft(progress, noise[:, 5 * W1 :])
+        self._pass(progress, noise[:, : 5 * W1].unflatten(1, (5, W1)).unbind(1))
+
+    def _pass(self, progress: Progress, noise: tuple[torch.Tensor, ...]) -> None:
+        """One forward pass over each image's window: verify, advance the frontier, re-propose."""
         run, grid, W = self.run, self.grid, self.window
-        batch = torch.arange(self.done.shape[0], device=self.done.device)[:, None]
-        starts = self.done.clamp_max(grid.sequence_length - W)  # [B]: finished rows idle at the end
-        positions = starts[:, None] + torch.arange(W + 1, device=starts.device)  # [B, W + 1], the last one is past
-        cells = self.cell_at[positions.clamp_max(grid.sequence_length)]  # [B, W + 1]
-        codes = torch.where(cells >= 0, run.codes[batch, cells.clamp_min(0)], UNDECODED)
-        has_token = (positions < grid.sequence_length) & ((cells < 0) | (codes >= 0))
-        runs_in = has_token[:, :W].long().cumprod(dim=1).bool()  # [B, W]: the contiguous inputs
-        ready = torch.cat([torch.ones_like(runs_in[:, :1]), runs_in], dim=1)  # [B, W + 1]: its p is valid
-        # 1. Verify every cell past the frontier whose p is valid; sample the first cell without a code.
+        accept_noise, residual_noise, fresh_noise, *repropose_noise = noise  # [B, W + 1] each
+        window = self.place()
+        positions, cells, codes = window.positions, window.cells, window.codes
+        starts = positions[:, 0]
         embeds = run.embed_positions(codes[:, :W], cells[:, :W])
-        out = run.backbone.extend_rows(self.state, embeds, both_branches(starts, run.prompts.guidance))
+        out = run.backbone.extend_rows(self.state, embeds, self.both(starts), self.attended(progress))
         run.stats.forward_passes += 1
         run.stats.positions_processed += W
         predicting = torch.cat([out[:, :1], out], dim=1)  # position i is predicted by output i - 1 (i >= 1)
         p = run.probs(predicting)  # [B, W + 1, K]; position 0 is final or committed, its p unused
-        seen = ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]
+        # 2. Verify every cell past the frontier whose p is valid; sample the first cell without a code.
+        cell = cells.clamp_min(0)
+        seen = window.ready & (positions > self.done[:, None]) & (cells >= 0)  # [B, W + 1]
         fresh = seen & (codes < 0)
         checked = seen & ~fresh
         if self.max_checks is not None:  # lossy: a cell verified max_checks times is kept as it is
-            checked &= self.verifications[batch, cells.clamp_min(0)] < self.max_checks
+            checked &= self.verifications.gather(1, cell) < self.max_checks
         todo = fresh | checked
-        q = self.q[batch, cells.clamp_min(0) % self.ring]
-        verified, next_q, accepted = verify_round(codes.clamp_min(0), q, p, run.generator)
-        new_codes = torch.where(fresh, run.sample(p), verified)
+        q = self.q.gather(1, (cell % self.ring)[..., None].expand(-1, -1, self.q.shape[-1]))
+        codes = codes.clamp_min(0)
+        verified, next_q, accepted = verify_with(codes, q, p, accept_noise, residual_noise)
+        new_codes = torch.where(fresh, sample_with(p, fresh_noise), verified)
         next_q = torch.where(fresh[..., None], p, next_q)  # a fresh code was drawn from p
-        self.rounds.add(self.verifications[batch, cells.clamp_min(0)], checked, accepted)
+        self.rounds.add(self.verifications.gather(1, cell), checked, accepted)
         changed = fresh | (checked & ~accepted)
-        # 2. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
+        # 3. Advance: commit up to the first change; the changed cell (or the one past the window) is final.
         new_done = (starts + committed_positions(changed)).clamp_max(grid.sequence_length)
         exact = changed & (positions == new_done[:, None])  # drawn from its true conditional
         if self.repropose:
-            # 3. Re-propose the cells whose left codes changed (past the frontier: checked again next pass).
-            new_codes, next_q, moved = self._repropose(batch, cells, codes, todo, new_codes, next_q)
+            # 4. Re-propose the cells whose left codes changed (past the frontier: checked again next pass).
+            new_codes, next_q, moved = self._repropose(cells, codes, todo, new_codes, next_q, *repropose_noise)
             changed = changed | moved
         self._store(cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting)
         self.done = torch.maximum(self.done, new_done)
-        self._draft()
 
-    def _repropose(self, batch, cells, codes, todo, new_codes, next_q):
+    def _repropose(self, cells, codes, todo, new_codes, next_q, accept_noise, residual_noise):
         """A cell this pass verified, whose left codes it also changed, is checked next against a target conditioned
         on the new codes, while its code is a sample of this pass's target p. The in-row drafter predicts how the
         target moves: q' = norm(p (q_d(new left) / q_d(old left)) ** power) (`sampling.reweighted`). One
         accept/resample step of the code against q' makes it a sample of q', its new q: the next check stays
-        lossless, and accepts more often (docs/decoding.md, "Re-proposals"). Returns the codes, q and which moved."""
-        run, heads, cols, W = self.run, self.heads, self.grid.cols, self.window
-        steps = torch.arange(1, heads.config.left_codes + 1, device=cells.device)
+        lossless, and accepts more often (docs/decoding.md, "Re-proposals"). Every window position is computed and
+        the ones that qualify are kept. Returns the codes, q and which moved."""
+        run, cols, W = self.run, self.grid.cols, self.window
+        steps = torch.arange(1, self.drafter.left_codes + 1, device=cells.device)
         cell = cells.clamp_min(0)
-        old_left = run.codes[batch[..., None], (cell[..., None] - steps).clamp_min(0)]  # [B, W + 1, L]: as passed
+        old_left = run.codes[self.images[:, None, None], (cell[..., None] - steps).clamp_min(0)]  # [B, W + 1, L]
         index = torch.arange(W + 1, device=cells.device)[:, None] - steps  # [W + 1, L]: window index of x - j
         after = torch.where(todo, new_codes, codes)  # the window's codes once this pass is stored
-        new_left = torch.where(index >= 0, after[batch[..., None], index.clamp_min(0)], old_left)
+        new_left = torch.where(index >= 0, after[self.images[:, None, None], index.clamp_min(0)], old_left)
         on_row = (cell % cols)[..., None] - steps >= 0  # x - j in the same row: consecutive window positions
-        which = todo & (cells >= cols) & ((old_left != new_left) & on_row).any(dim=-1)
-        if not bool(which.any()):
-            return new_codes, next_q, torch.zeros_like(which)
-        b, c = batch.expand_as(cells)[which], cells[which]
-        both_lefts = torch.cat([old_left[which], new_left[which]])  # one drafter call for both
-        q_old, q_new = run.probs(self._row_draft(b.repeat(2), c.repeat(2), both_lefts)).chunk(2)
-        target = reweighted(next_q[which], q_old, q_new, self.repropose)
-        moved_codes, _, kept = verify_round(new_codes[which], next_q[which], target, run.generator, b)
-        new_codes, next_q, moved = new_codes.clone(), next_q.clone(), torch.zeros_like(which)
-        new_codes[which], next_q[which], moved[which] = moved_codes, target, ~kept
-        return new_codes, next_q, moved
+        which = todo & (cells >= cols) & ((old_left != new_left) & on_row).any(dim=-1)  # [B, W + 1]
+        both_lefts = torch.cat([old_left, new_left], dim=1)  # one drafter call for both
+        q_old, q_new = run.probs(self._vertical_drafts(cell.repeat(1, 2), both_lefts)).chunk(2, dim=1)
+        target = reweighted(next_q, q_old, q_new, self.repropose)
+        moved_codes, _, kept = verify_with(new_codes, next_q, target, accept_noise, residual_noise)
+        new_codes = torch.where(which, moved_codes, new_codes)
+        next_q = torch.where(which[..., None], target, next_q)
+        return new_codes, next_q, which & ~kept
 
     def _store(self, cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting) -> None:
         """Write back what the pass gave the cells it touched: codes, their next q, final rounds, and the hidden
@@ -188,133 +197,116 @@ class FrontierRun:
         write to cell 0, which is final from the prefill and never touched, and to the q ring's spare slot."""
         run = self.run
         cell = cells.clamp_min(0)  # [B, W + 1]
-        both_cell, both_seen = self._both(cell), self._both(seen)
-
-        def put(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
-            """target[b, index[b, i]] = values[b, i] where `where`, else what it holds; trailing dims follow."""
-            index = index.view(*index.shape, *(1,) * (target.dim() - 2)).expand(*index.shape, *target.shape[2:])
-            where = where.view(*where.shape, *(1,) * (target.dim() - 2))
-            target.scatter_(1, index, torch.where(where, values, target.gather(1, index)))
-
-        put(run.codes, cell, new_codes, todo)
-        put(self.q, torch.where(todo, cell % self.ring, self.ring), next_q, todo)
-        put(self.hidden, both_cell, predicting.to(self.hidden.dtype), both_seen)
-        put(self.passed, cell, torch.ones_like(seen), seen)
+        scatter_where(run.codes, cell, new_codes, todo)
+        scatter_where(self.q, torch.where(todo, cell % self.ring, self.ring), next_q, todo)
+        scatter_where(self.hidden, self.both(cell), predicting.to(self.hidden.dtype), self.both(seen))
+        scatter_where(self.passed, cell, torch.ones_like(seen), seen)
         # final_round: a new code drawn exactly is 0, a cell's first code 1, a code changed in check k shows k + 1
         k = self.verifications.gather(1, cell) + checked.long()
-        put(self.verifications, cell, k, todo)
+        scatter_where(self.verifications, cell, k, todo)
         since = torch.where(checked, k + 1, torch.where(exact, 0, 1))
-        put(run.final_round, cell, since.to(run.final_round.dtype), changed)
+        scatter_where(run.final_round, cell, since.to(run.final_round.dtype), changed)
 
-    def _draft(self) -> None:
-        """Give a code and q to every cell of each window that has none and can be drafted."""
-        run, grid, W = self.run, self.grid, self.window
-        batch = torch.arange(self.done.shape[0], device=self.done.device)[:, None]
-        positions = self.done[:, None] + torch.arange(1, W + 1, device=self.done.device)
-        cells = self.cell_at[positions.clamp_max(grid.sequence_length)]
-        while True:  # a band of rows at a time: a cell needs a code in the cell it is drafted from
-            missing = (cells >= 0) & (run.codes[batch, cells.clamp_min(0)] < 0)
-            drafted = self._draft_below(batch, cells, missing & (cells >= grid.cols))
-            drafted |= self._draft_right(batch, cells, missing & (cells < grid.cols))
-            if not drafted:
-                return
+    def missing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cells of each next window [B, W] (UNDECODED where a position holds none) and which have no code."""
+        positions = self.done[:, None] + torch.arange(1, self.window + 1, device=self.done.device)
+        cells = self.cell_at[positions.clamp_max(self.grid.sequence_length)]
+        return cells, (cells >= 0) & (self.run.codes.gather(1, cells.clamp_min(0)) < 0)
 
-    def _draft_below(self, batch, cells, missing) -> bool:
-        """Vertical heads: each missing cell from the cell above it, if that one has a code. Drafted any?"""
-        if self.heads.drafter != "cell":
-            return self._draft_below_from_row(batch, cells, missing)
-        run = self.run
-        above = (cells - self.grid.cols).clamp_min(0)
-        can = missing & (run.codes[batch, above] >= 0)
-        if not bool(can.any()):
-            return False
-        b, c, a = batch.expand_as(cells)[can], cells[can], above[can]
-        h = self.hidden[self._branch_rows(b), self._both(a)]  # [B' / B * n, d]
-        e = run.embed_codes(run.codes[b, a])
-        drafted = self.heads.draft_below(h[:, None], e[:, None], 1)[:, 0, 0]  # [B' / B * n, d]
-        self._take_drafts(b, c, drafted)
-        return True
+    def cells_to_draft(self) -> torch.Tensor:
+        return self.missing()[1].sum(dim=1)
 
-    def _draft_below_from_row(self, batch, cells, missing) -> bool:
-        """A "row" / "inrow" drafter: each missing cell from the row above's cells x - k..x + k (k = row_kernel // 2),
-        once those that lie on the row have codes; "inrow" also from the codes at x - 1..x - left_codes of its own
-        row, once those have codes, so that a row is drafted left to right over the loop's bands. Drafted any?"""
-        run, heads, cols = self.run, self.heads, self.grid.cols
-        device = cells.device
-        cell = cells.clamp_min(0)
-        column = cell % cols  # [B, W]
-        half = heads.config.row_kernel // 2
-        near_columns = column[..., None] + torch.arange(-half, half + 1, device=device)  # [B, W, kernel]
-        near_on = (near_columns >= 0) & (near_columns < cols)
-        near = (cell // cols - 1).clamp_min(0)[..., None] * cols + near_columns.clamp(0, cols - 1)  # row above
-        near_codes = run.codes[batch[..., None], near]
-        can = missing & ((near_codes >= 0) | ~near_on).all(dim=-1)
-        if heads.in_row:
-            steps = torch.arange(1, heads.config.left_codes + 1, device=device)
-            left_on = column[..., None] - steps >= 0  # [B, W, L]: x - j on the row
-            left_codes = run.codes[batch[..., None], (cell[..., None] - steps).clamp_min(0)]
-            can &= ((left_codes >= 0) | ~left_on).all(dim=-1)
-        if not bool(can.any()):
-            return False
-        b, c = batch.expand_as(cells)[can], cells[can]
-        self._take_drafts(b, c, self._row_draft(b, c))
-        return True
+    def _draft(self, progress: Progress, noise: torch.Tensor) -> None:
+        """1. Draft the first `progress.to_draft` cells without a code of each window (all of them), in raster order:
+        in `draft_steps` steps, or one a step for an in-row drafter, each drafting every one whose inputs are there.
+        The j-th of an image's cells draws with noise [B, W] column j, whichever step drafts it."""
+        count = progress.to_draft
+        if count == 0:
+            return
+        run, grid = self.run, self.grid
+        cells, missing = self.missing()
+        slot = torch.where(missing, torch.arange(self.window, device=cells.device), self.window)
+        order = slot.sort(dim=1).values[:, :count]  # [B, n]: window index of each image's j-th missing cell
+        valid = order < self.window
+        cells = torch.where(valid, cells.gather(1, order.clamp_max(self.window - 1)), 0)  # cell 0 is never drafted
+        first_row = progress.done < grid.cols  # some image's window may reach into the first row
+        for _ in range(count if self.drafter.left_codes else self.draft_steps):
+            has_code = run.codes.gather(1, cells) >= 0
+            drafted, can = self._vertical_drafts(cells), self._vertical_ready(cells)
+            if first_row:
+                right, can_right = self._horizontal_drafts(cells)
+                drafted = torch.where(self.both(cells < grid.cols)[..., None], right, drafted)
+                can = torch.where(cells < grid.cols, can_right, can)
+            can &= valid & ~has_code
+            q = run.probs(drafted)  # [B, n, K]
+            scatter_where(run.codes, cells, sample_with(q, noise[:, : cells.shape[1]]), can)
+            scatter_where(self.q, torch.where(can, cells % self.ring, self.ring), q, can)
+            scatter_where(self.hidden, self.both(cells), drafted.to(self.hidden.dtype), self.both(can))
+            scatter_where(run.final_round, cells, torch.ones_like(cells), can)
 
-    def _row_draft(self, b: torch.Tensor, c: torch.Tensor, left_codes: torch.Tensor | None = None) -> torch.Tensor:
-        """The row drafter's hidden state [B' / B * n, d] for cells (b, c) [n] of rows >= 1: from the row above's
-        codes and latest states at x - k..x + k (zero padding off the row); the in-row kinds also from the codes at
-        x - 1..x - left_codes, left_codes [n, L] (default: the codes there now; start vectors off the row);
-        "recurrent" also from the latest state predicting the cell to the left (zeros at x = 0)."""
-        run, heads, cols = self.run, self.heads, self.grid.cols
-        column = c % cols
-        half = heads.config.row_kernel // 2
-        near_columns = column[:, None] + torch.arange(-half, half + 1, device=c.device)  # [n, kernel]
-        near = (c // cols - 1)[:, None] * cols + near_columns.clamp(0, cols - 1)
-        on = self._both((near_columns >= 0) & (near_columns < cols))[..., None]  # [B' / B * n, kernel, 1]
-        h = self.hidden[self._branch_rows(b)[:, None], self._both(near)]  # [B' / B * n, kernel, d]
-        e = run.embed_codes(run.codes[b[:, None], near].clamp_min(0))
-        context = heads.row_context_at(torch.where(on, h, 0), torch.where(on, e, 0))
+    def _hidden_at(self, cells: torch.Tensor) -> torch.Tensor:
+        """The latest hidden states predicting cells [B, ...] in both branches -> [B', ..., d]."""
+        index = self.both(cells)
+        flat = self.hidden.gather(1, index.flatten(1)[..., None].expand(-1, -1, self.hidden.shape[-1]))
+        return flat.view(*index.shape, -1)
+
+    def _near_above(self, cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row above's cells x - reach..x + reach of each cell [B, n] -> (those cells [B, n, k] clamped onto the
+        row, and whether each is on it)."""
+        cols, reach = self.grid.cols, self.drafter.reach
+        columns = (cells % cols)[..., None] + torch.arange(-reach, reach + 1, device=cells.device)
+        row_above = (cells // cols - 1).clamp_min(0)[..., None]
+        return row_above * cols + columns.clamp(0, cols - 1), (columns >= 0) & (columns < cols)
+
+    def _left_of(self, cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cells x - 1..x - left_codes of each cell [B, n] in its own row -> (cells [B, n, L], whether on it)."""
+        steps = torch.arange(1, self.drafter.left_codes + 1, device=cells.device)
+        return (cells[..., None] - steps).clamp_min(0), (cells % self.grid.cols)[..., None] - steps >= 0
+
+    def _vertical_ready(self, cells: torch.Tensor) -> torch.Tensor:
+        """Whether every code the vertical drafter reads for each cell [B, n] (rows >= 1) is there."""
+        codes = self.run.codes
+        near, on = self._near_above(cells)
+        ready = ((codes.gather(1, near.flatten(1)).view_as(near) >= 0) | ~on).all(dim=-1)
+        if self.drafter.left_codes:
+            left, on_row = self._left_of(cells)
+            ready &= ((codes.gather(1, left.flatten(1)).view_as(left) >= 0) | ~on_row).all(dim=-1)
+        return ready & (cells >= self.grid.cols)
+
+    def _vertical_drafts(self, cells: torch.Tensor, left_codes: torch.Tensor | None = None) -> torch.Tensor:
+        """The vertical drafter's hidden states [B', n, d] for cells [B, n] of rows >= 1 (others: any values): from
+        the row above's codes and latest states around each (zeros off the row); the in-row kinds also from the
+        codes at x - 1..x - left_codes, left_codes [B, n, L] (default: the codes there now; start vectors off the
+        row); "recurrent" also from the latest state predicting the cell to the left (zeros at x = 0)."""
+        run, drafter = self.run, self.drafter
+        near, on = self._near_above(cells)
+        on = self.both(on)[..., None]
+        h = torch.where(on, self._hidden_at(near), 0)  # [B', n, k, d]
+        e = torch.where(on, run.embed_codes(run.codes.gather(1, near.flatten(1)).view_as(near).clamp_min(0)), 0)
+        context = drafter.context_at(h, e)
         left = state = None
-        if heads.in_row:
-            steps = torch.arange(1, heads.config.left_codes + 1, device=c.device)
+        if drafter.left_codes:
+            left_cells, on_row = self._left_of(cells)
             if left_codes is None:
-                left_codes = run.codes[b[:, None], (c[:, None] - steps).clamp_min(0)]
-            off_row = self._both(column[:, None] - steps < 0)
-            left = heads.start_embeds(run.embed_codes(left_codes.clamp_min(0)), off_row)
-        if heads.reads_left_state:
-            state = self.hidden[self._branch_rows(b), self._both(c - 1).clamp_min(0)]
-            state = torch.where(self._both(column > 0)[:, None], state, 0)
-        return heads.draft_step(context, left, state).to(h.dtype)
+                left_codes = run.codes.gather(1, left_cells.flatten(1)).view_as(left_cells)
+            left = drafter.start_embeds(run.embed_codes(left_codes.clamp_min(0)), self.both(~on_row))
+        if drafter.reads_left_state:
+            left_state = self._hidden_at((cells - 1).clamp_min(0))
+            state = torch.where(self.both(cells % self.grid.cols > 0)[..., None], left_state, 0)
+        return drafter.step(context, left, state).to(self.hidden.dtype)
 
-    def _draft_right(self, batch, cells, missing) -> bool:
-        """First row: horizontal heads from the rightmost cell that has been through a pass. Drafted any?"""
-        run, cols = self.run, self.grid.cols
+    def _horizontal_drafts(self, cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """First row: the horizontal heads' hidden states [B', n, d] for cells [B, n] right of the rightmost cell
+        that has been through a pass, and which of them they reach."""
+        cols = self.grid.cols
         passed_cols = torch.where(self.passed[:, :cols], torch.arange(cols, device=cells.device), -1)
-        base = passed_cols.amax(dim=1, keepdim=True).expand_as(cells)  # [B, W]
-        offset = cells - base
-        can = missing & (offset >= 1) & (offset <= self.horizontal)
-        if not bool(can.any()):
-            return False
-        b, c, src = batch.expand_as(cells)[can], cells[can], base[can]
-        h = self.hidden[self._branch_rows(b), self._both(src)]
-        e = run.embed_codes(run.codes[b, src])
-        every = self.heads.draft_right(h, e, self.horizontal)  # [B' / B * n, k_h, d]
-        drafted = every[torch.arange(every.shape[0], device=every.device), self._both(offset[can]) - 1]
-        self._take_drafts(b, c, drafted)
-        return True
-
-    def _both(self, x: torch.Tensor) -> torch.Tensor:
-        return both_branches(x, self.run.prompts.guidance)
-
-    def _branch_rows(self, images: torch.Tensor) -> torch.Tensor:
-        """Images [n] -> their rows in every guidance branch [B' / B * n] (conditional rows, then unconditional)."""
-        return torch.cat([images, images + self.run.prompts.batch_size]) if self.run.prompts.guidance else images
-
-    def _take_drafts(self, b: torch.Tensor, c: torch.Tensor, drafted: torch.Tensor) -> None:
-        """Drafted hidden states [B' / B * n, d] of cells (b, c): sample codes; keep q, and the draft as hidden."""
-        run = self.run
-        q = run.probs(drafted)  # [n, K]
-        run.codes[b, c] = run.sample(q, b)  # with one generator per image, each draws its own cells, in window order
-        self.q[b, c % self.ring] = q
-        self.hidden[self._branch_rows(b), self._both(c)] = drafted.to(self.hidden.dtype)
-        run.final_round[b, c] = 1
+        base = passed_cols.amax(dim=1)  # [B]
+        offset = cells - base[:, None]
+        can = (offset >= 1) & (offset <= self.horizontal)
+        if not self.horizontal:
+            return self._hidden_at(cells), can
+        h = self._hidden_at(base[:, None])[:, 0]
+        e = self.run.embed_codes(self.run.codes.gather(1, base[:, None])[:, 0])
+        every = self.heads.draft_right(h, e, self.horizontal)  # [B', k_h, d]
+        pick = self.both(offset.clamp(1, self.horizontal) - 1)[..., None].expand(-1, -1, every.shape[-1])
+        return every.gather(1, pick), can

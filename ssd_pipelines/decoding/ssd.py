@@ -26,10 +26,13 @@ final codes, is the commit. At most r rounds is the paper's decoding (lossy for
 small r); with no cap (verify_rounds=None) it returns exactly the AR
 distribution, but `exact` (exact.py) gets there in far fewer passes.
 
-With one generator per image (`sampling.ImageGenerators`) a converged image
-draws nothing more in its block: alone, its rounds would have stopped there. So
-an image's codes do not depend on the images it is batched with, although a
-batch runs as many rounds as its slowest image needs.
+Each block draws its noise whole before its first round: the drafts', then an
+acceptance and a residual draw per cell for every round it may run. With one
+generator per image (`sampling.ImageGenerators`) an image's draws are thus the
+same however many rounds its batch runs, and a converged image simply leaves the
+rest unread: its codes do not depend on the images it is batched with, although a
+batch runs as many rounds as its slowest image needs. The rounds read the host
+once each, to learn whether every image has converged.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import DraftHeads
-from ..sampling import verify_round
+from ..sampling import sample_with, uniform, verify_with
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
 from .frontier import FrontierRun, check_window
 from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
@@ -65,14 +68,14 @@ class SSDDecoding(DecodingStrategy):
         most verify_rounds times (see `FrontierRun`); None decodes the paper's blocks."""
         if verify_rounds is not None and verify_rounds < 0:
             raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
-        if heads.drafter != "cell" and vertical_rows != 1:
-            raise ValueError(
-                f"these heads' {heads.drafter!r} vertical drafter drafts one row from the committed row above: pass "
-                f"vertical_rows=1, not {vertical_rows} (several rows at once need per-cell heads)."
-            )
         if not 1 <= vertical_rows <= heads.max_vertical:
+            one_row = (
+                f" These heads' {heads.drafter!r} vertical drafter drafts one row from the committed row above: pass "
+                "vertical_rows=1 (several rows at once need per-cell heads with more vertical offsets)."
+            )
             raise ValueError(
                 f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
+                + (one_row if heads.max_vertical == 1 else "")
             )
         check_window(window)
         if window is not None and vertical_rows != 1:
@@ -104,8 +107,10 @@ class SSDDecoding(DecodingStrategy):
         return blocks
 
     def max_rounds(self, block: Block) -> int:
-        """With no cap, n + 1 rounds suffice: after round k the first k cells of a block never change again."""
-        return block.num_cells + 1 if self.verify_rounds is None else self.verify_rounds
+        """n + 1 rounds suffice: after round k the first k cells of a block never change again, so round n + 1
+        rejects nothing. A cap beyond that changes nothing, not even the noise a block draws."""
+        most = block.num_cells + 1
+        return most if self.verify_rounds is None else min(self.verify_rounds, most)
 
     def _decode(self, run: DecodeRun) -> None:
         self.heads.check_compatible(run.backbone)
@@ -119,13 +124,16 @@ class SSDDecoding(DecodingStrategy):
         row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.hidden_size)
         row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
         for index, block in enumerate(blocks):
+            # The block's noise, drawn whole: its drafts', then acceptance and residual draws for every round.
+            noise = uniform((run.prompts.batch_size, 1 + 2 * self.max_rounds(block), block.num_cells),
+                            run.generator, run.codes.device)
             if block.first_row == 0:
-                codes, q = self._draft_right(run, block, h_next)
+                codes, q = self._draft_right(run, block, h_next, noise[:, 0])
             else:
-                codes, q = self._draft_below(run, block, h_next, row_hidden, row_embeds)
+                codes, q = self._draft_below(run, block, h_next, row_hidden, row_embeds, noise[:, 0])
             is_last = index == len(blocks) - 1
             codes, final_round, committed = self._verify(
-                run, state, block, h_next, codes, q, rounds, commit=not is_last
+                run, state, block, h_next, codes, q, noise[:, 1:], rounds, commit=not is_last
             )
             run.codes[:, block.first : block.end] = codes
             run.final_round[:, block.first : block.end] = final_round
@@ -141,63 +149,66 @@ class SSDDecoding(DecodingStrategy):
                 break
         rounds.write_to(run.stats)
 
-    def _draft_right(self, run: DecodeRun, block: Block, h_next: torch.Tensor):
+    def _draft_right(self, run: DecodeRun, block: Block, h_next: torch.Tensor, noise: torch.Tensor):
         """First-row block: sample its first cell exactly, draft the rest with the horizontal heads."""
         p_first = run.probs(h_next)  # [B, K]
-        first = run.sample(p_first)  # [B]
+        first = sample_with(p_first, noise[:, 0])  # [B]
         if block.num_cells == 1:
             return first[:, None], p_first[:, None]
         drafted = self.heads.draft_right(h_next, run.embed_codes(first), block.num_cells - 1)  # [B', n-1, d]
         q_rest = run.probs(drafted)  # [B, n-1, K]
-        codes = torch.cat([first[:, None], run.sample(q_rest)], dim=1)
+        codes = torch.cat([first[:, None], sample_with(q_rest, noise[:, 1:])], dim=1)
         return codes, torch.cat([p_first[:, None], q_rest], dim=1)
 
-    def _draft_below(self, run: DecodeRun, block: Block, h_next, row_hidden, row_embeds):
-        """Whole-row block: the vertical heads draft every cell from the row above; the first cell is exact."""
-        if self.heads.in_row:
-            return self._draft_in_row(run, h_next, row_hidden, row_embeds)
-        rows = block.last_row - block.first_row + 1
-        drafted = self.heads.draft_below(row_hidden, row_embeds, rows).flatten(1, 2)  # [B', rows * C, d]
-        drafted[:, 0] = h_next  # the first cell's distribution is known exactly
-        q = run.probs(drafted)  # [B, n, K]
-        return run.sample(q), q
+    def _draft_below(self, run: DecodeRun, block: Block, h_next, row_hidden, row_embeds, noise: torch.Tensor):
+        """Whole-row block: the vertical drafter drafts each row from the committed row above; the first cell is
+        drawn from its exact distribution (h_next). A drafter that reads the codes drawn to a cell's left goes left
+        to right, a cell a step ("recurrent": each also reads the state predicting the cell to its left, h_next for
+        the first cell's right neighbour); any other drafts a row in one step. Every q is what its code was drawn
+        from. noise: [B, n], one draw per cell."""
+        drafter, cols = self.heads.vertical, run.grid.cols
+        batch = row_embeds.shape[0]
+        width = 1 if drafter.left_codes else cols  # cells a step
+        codes, qs = [], []
+        for dy in range(1, block.last_row - block.first_row + 2):
+            context = drafter.context(row_hidden, row_embeds, dy)  # [B', C, d_h]
+            left = state = None
+            if drafter.left_codes:  # at x = 0 every x - j is off the row
+                off_row = torch.ones(batch, drafter.left_codes, dtype=torch.bool, device=row_embeds.device)
+                left = drafter.start_embeds(row_embeds.new_zeros(*off_row.shape, row_embeds.shape[-1]), off_row)
+            if drafter.reads_left_state:
+                state = torch.zeros_like(row_hidden[:, 0])
+            for x in range(0, cols, width):
+                step_left = None if left is None else left[:, None]
+                step_state = None if state is None else state[:, None]
+                drafted = drafter.step(context[:, x : x + width], step_left, step_state, dy).to(h_next.dtype)
+                if dy == 1 and x == 0:
+                    drafted[:, 0] = h_next  # the first cell's distribution is known exactly
+                q = run.probs(drafted)  # [B, width, K]
+                cell = (dy - 1) * cols + x
+                code = sample_with(q, noise[:, cell : cell + width])
+                codes.append(code)
+                qs.append(q)
+                if left is not None:  # e(x - 1) first
+                    left = torch.cat([run.embed_codes(code[:, -1])[:, None].to(left.dtype), left[:, :-1]], dim=1)
+                if state is not None:
+                    state = drafted[:, -1]
+        return torch.cat(codes, dim=1), torch.cat(qs, dim=1)
 
-    def _draft_in_row(self, run: DecodeRun, h_next, row_hidden, row_embeds):
-        """One row, left to right: the first cell exact from h_next, then each cell x from the row above and the
-        codes drawn at x - 1..x - left_codes (the first cell's included). Every q is what its code was drawn from."""
-        heads, cols = self.heads, run.grid.cols
-        context = heads.row_context(row_hidden, row_embeds)  # [B', C, d_h]
-        q_first = run.probs(h_next)  # [B, K]
-        codes, qs = [run.sample(q_first)], [q_first]
-        batch, width = row_embeds.shape[0], heads.config.left_codes
-        off_row = torch.ones(batch, width, dtype=torch.bool, device=row_embeds.device)  # at x = 0 every x - j is off
-        left = heads.start_embeds(row_embeds.new_zeros(batch, width, row_embeds.shape[-1]), off_row)  # [B', L, d_e]
-        state = h_next if heads.reads_left_state else None  # "recurrent": cell 1 reads the true state of cell 0
-        for x in range(1, cols):
-            left = torch.cat([run.embed_codes(codes[-1])[:, None].to(left.dtype), left[:, :-1]], dim=1)  # e(x-1) first
-            drafted = heads.draft_step(context[:, x], left, state)  # [B', d_h]
-            q = run.probs(drafted.to(h_next.dtype))  # [B, K]
-            codes.append(run.sample(q))
-            qs.append(q)
-            state = drafted if state is not None else None  # and each later cell the draft to its left
-        return torch.stack(codes, dim=1), torch.stack(qs, dim=1)
-
-    def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, rounds: RoundCounter, commit: bool):
-        """Verification rounds, then the commit pass. Returns the final codes, each cell's final round
-        (see `DecodeOutput`) and, if committed, (output hidden [B', n_pos, d], hidden predicting each cell
-        [B', n_cells, d])."""
+    def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, noise, rounds, commit: bool):
+        """Verification rounds, then the commit pass. noise: [B, 2 * rounds, n], each round's acceptance draws then
+        its residual draws. Returns the final codes, each cell's final round (see `DecodeOutput`) and, if committed,
+        (output hidden [B', n_pos, d], hidden predicting each cell [B', n_cells, d])."""
         start = state.length
         converged = torch.zeros(codes.shape[0], dtype=torch.bool, device=codes.device)  # [B]
         final_round = torch.ones_like(codes)  # [B, n]: drafted codes, held since round 1
         final_round[:, 0] = 0  # the first cell is drawn from its exact target
-        images = torch.arange(codes.shape[0], device=codes.device)
         for round_index in range(self.max_rounds(block)):
             hidden = run.forward(state, block, codes)
             block_hidden = block.predicting_hidden(h_before, hidden)
             p = run.probs(block_hidden)  # [B, n, K]
-            # With one generator per image, a converged image draws nothing more in this block, as when run alone.
-            drawing = torch.where(converged, -1, images)
-            new_codes, q, accepted = verify_round(codes, q, p, run.generator, drawing)
+            accept_noise, residual_noise = noise[:, 2 * round_index], noise[:, 2 * round_index + 1]
+            new_codes, q, accepted = verify_with(codes, q, p, accept_noise, residual_noise)
             # A sample whose round rejected nothing is final: later rounds would accept it with probability 1.
             active = ~converged
             codes = torch.where(active[:, None], new_codes, codes)
@@ -205,7 +216,7 @@ class SSDDecoding(DecodingStrategy):
             # The first cell is drawn from its exact target and always accepted: it is not counted as drafted.
             rounds.add(round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum())
             converged |= accepted.all(dim=1)
-            if bool(converged.all()):
+            if bool(converged.all()):  # the round's one read of the host
                 return codes, final_round, (hidden, block_hidden)  # this pass saw the final codes: the commit
             run.backbone.rewind(state, start)
         if not commit:

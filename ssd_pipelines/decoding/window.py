@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import verify_round
-from .base import UNDECODED, CheckCounter, DecodeRun, DecodingStrategy, both_branches, cells_by_position
+from .base import UNDECODED, DecodeRun, DecodingStrategy
+from .sliding import Progress, SlidingWindow
 
 TAILS = ("resample", "continue", "drop")
 
@@ -78,35 +79,18 @@ class Judged:
     predicting: torch.Tensor  # [B', W + 1, d]: hidden state predicting each position (index 0 unused)
 
 
-class WindowRun:
+class WindowRun(SlidingWindow):
     """The state of one call of a `WindowDecoding`: per image two pointers, codes past them with their q."""
 
     def __init__(self, run: DecodeRun, strategy: WindowDecoding, window: int):
-        self.run, self.strategy, self.grid = run, strategy, run.grid
-        grid, device = run.grid, run.codes.device
-        self.window = min(window, grid.sequence_length)  # W: chain positions per pass
-        self.cell_at = cells_by_position(grid, device)
+        super().__init__(run, window)
+        self.strategy = strategy
         batch = run.prompts.batch_size
-        self.done = torch.zeros(batch, dtype=torch.long, device=device)  # [B] positions with final cache entries
-        self.final = torch.zeros(batch, dtype=torch.long, device=device)  # [B] last position with a final token
+        self.final = torch.zeros(batch, dtype=torch.long, device=self.done.device)  # [B] last final position
         self.ring = 2 * self.window + 1  # q of cell c lives in slot c % ring: only cells past `final` need one
         self.q: torch.Tensor | None = None  # [B, ring, K]
         self.h_final: torch.Tensor | None = None  # [B', d]: hidden state predicting the token at `final`
-        self.verifications = torch.zeros(batch, grid.num_cells, dtype=torch.long, device=device)
-        self.rounds = CheckCounter(grid.sequence_length + 2, device)  # every pass finalises a token
         self.memo: dict = {}  # what a strategy computes once per call (it holds only settings itself)
-
-    @property
-    def images(self) -> torch.Tensor:
-        return torch.arange(self.done.shape[0], device=self.done.device)
-
-    @property
-    def starts(self) -> torch.Tensor:
-        """First position of each image's window [B]: its `done`, or earlier at the end (finished images idle)."""
-        return self.done.clamp_max(self.grid.sequence_length - self.window)
-
-    def both(self, x: torch.Tensor) -> torch.Tensor:
-        return both_branches(x, self.run.prompts.guidance)
 
     def q_of(self, images: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         return self.q[images, cells.clamp_min(0) % self.ring]
@@ -117,7 +101,7 @@ class WindowRun:
         self.q[images, cells % self.ring] = q.to(self.q.dtype)
         self.run.final_round[images, cells] = 1
 
-    def decode(self) -> None:
+    def start(self) -> None:
         run = self.run
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
         p_first = run.probs(h_first)  # [B, K]
@@ -125,15 +109,18 @@ class WindowRun:
         run.codes[:, 0] = run.sample(p_first)
         run.final_round[:, 0] = 0
         self.h_final = h_first
+
+    def last_final(self) -> torch.Tensor:
+        return self.final
+
+    def step(self, progress: Progress) -> None:
         self._draft()
-        while not run.stopped and bool((self.done < self.grid.sequence_length).any()):
-            self._pass()
-            self.run.frontier_reached(self.final)
-        self.rounds.write_to(run.stats)
+        self._pass()
 
     def _pass(self) -> None:
         """One forward pass: judge, commit, settle the tail, draft."""
-        judged = self._judge(*self._window())
+        window = self.place()
+        judged = self._judge(window.positions, window.cells, window.codes, window.ready)
         new_final, new_done = self._settle(judged)
         self._store(judged, new_final)
         if self.strategy.needs_hidden:
@@ -141,17 +128,6 @@ class WindowRun:
             rows = self.both(index)[:, None, None].expand(-1, 1, judged.predicting.shape[-1])
             self.h_final = judged.predicting.gather(1, rows)[:, 0]
         self.final, self.done = new_final, new_done
-        self._draft()
-
-    def _window(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each image's window: positions, cells and codes [B, W + 1], and whether each position's p is valid."""
-        run, S, W = self.run, self.grid.sequence_length, self.window
-        positions = self.starts[:, None] + torch.arange(W + 1, device=self.done.device)  # the last one is past
-        cells = self.cell_at[positions.clamp_max(S)]
-        codes = torch.where(cells >= 0, run.codes[self.images[:, None], cells.clamp_min(0)], UNDECODED)
-        has_token = (positions < S) & ((cells < 0) | (codes >= 0))
-        ready = torch.cat([has_token[:, :1], has_token[:, :W].long().cumprod(dim=1).bool()], dim=1)
-        return positions, cells, codes, ready
 
     def _judge(self, positions, cells, codes, ready) -> Judged:
         """Run the window and judge every drafted cell past `final`; draw a code for every cell without one."""

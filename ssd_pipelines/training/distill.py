@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate-size", type=int, default=None, help="SwiGLU width (default: 2 x hidden size)")
     p.add_argument(
         "--vertical-drafter",
-        choices=VERTICAL_DRAFTERS,
+        choices=tuple(VERTICAL_DRAFTERS),
         default="cell",
         help="cell: the paper's per-cell head; row: reads a neighbourhood of the row above; inrow: also the codes "
         "drafted to its left, sampled left to right; recurrent: also the state predicting the cell to its left, "

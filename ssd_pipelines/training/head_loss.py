@@ -93,15 +93,15 @@ class HeadLosses(nn.Module):
         for name, (dy, dx), head in trained_offsets(self.heads):
             source = (slice(None), slice(None), slice(0, rows - dy), slice(0, cols - dx))
             target = (slice(None), slice(None), slice(dy, None), slice(dx, None))
-            if name.startswith("vertical") and self.heads.config.get("vertical_drafter", "cell") != "cell":
-                # a row drafter reads the whole row above, and (in-row) the true codes left of each cell;
-                # "recurrent" is unrolled along the row from the true state predicting its first cell
+            if dy:  # the vertical drafter, as it drafts: a row kind reads the row above around each cell, an
+                # in-row one also the true codes to each cell's left, "recurrent" is unrolled along the row from the
+                # true state predicting its first cell (or reads the true state to a cell's left, true_left)
                 true_left = None
                 if self.true_state_share:  # one draw per image, row and column, shared by the guidance branches
                     b, _, r, c = hidden[target].shape[:4]
                     true_left = torch.rand(b, 1, r, c, device=hidden.device) < self.true_state_share
                 predicted = self.heads.draft_below_teacher_forced(
-                    hidden[source], embeds[source], embeds[target], hidden[target], true_left
+                    hidden[source], embeds[source], embeds[target], hidden[target], true_left, offset=dy
                 )
             else:
                 predicted = head(hidden[source], embeds[source])
