@@ -166,9 +166,11 @@ class ImageGenerators:
             noise[torch.tensor(order, device=device)] = torch.cat(drawn)
         return noise
 
-    def each(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """[B, *shape]: image b's draw of `shape` from its own generator, in one call each."""
-        return torch.stack([self._draw(g, shape, device) for g in self.generators])
+    def each(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """[B, *shape]: image b's draw of `shape` from its own generator, in one call each, on the first
+        generator's device."""
+        home = self.generators[0].device
+        return torch.stack([self._draw(g, shape, home) for g in self.generators])
 
     @staticmethod
     def _draw(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -296,10 +298,14 @@ class NoiseTape:
         return self.piece[self.used - 1]
 
     def _draw(self) -> torch.Tensor:
-        shape = (self.steps_ahead, self.batch, self.width)
         if isinstance(self.generator, ImageGenerators):  # image b's steps in order, as drawn one by one
-            return self.generator.each((self.steps_ahead, self.width), self.device).transpose(0, 1)
-        return uniform(shape, self.generator, self.device)
+            piece = self.generator.each((self.steps_ahead, self.width)).transpose(0, 1)
+        else:
+            home = self.device if self.generator is None else self.generator.device
+            piece = torch.rand((self.steps_ahead, self.batch, self.width), generator=self.generator, device=home)
+        if piece.device.type == "cpu" and self.device.type == "cuda":  # pinned, so that the copy does not block
+            return piece.pin_memory().to(self.device, non_blocking=True)
+        return piece.to(self.device)
 
 
 def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:

@@ -28,7 +28,7 @@ def test_hidden_states_from_one_pass_give_the_models_own_logits(eol):
     sequence = full_sequence(backbone, backbone.prompt_token_ids("a red circle"), codes)
     logits = backbone.model(sequence).logits[0]
     image_start = prompts.input_ids.shape[1] - 1  # the BOI position predicts cell 0
-    positions = image_start + block.cell_positions
+    positions = image_start + block.cell_positions()
     t = backbone.tokens
     torch.testing.assert_close(ours[0], logits[positions, t.code_offset : t.code_offset + 6], atol=1e-4, rtol=1e-4)
 

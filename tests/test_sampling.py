@@ -1,7 +1,17 @@
 import pytest
 import torch
 
-from ssd_pipelines.sampling import SamplingConfig, residual, reweighted, sample, target_probs, verify_round
+from ssd_pipelines.sampling import (
+    ImageGenerators,
+    NoiseTape,
+    SamplingConfig,
+    residual,
+    reweighted,
+    sample,
+    target_probs,
+    uniform,
+    verify_round,
+)
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -108,3 +118,25 @@ def test_reweighting_moves_p_by_the_drafters_ratio_and_never_outside_its_support
     before, after = torch.tensor([0.5, 1e-30, 0.5, 0.0]), torch.tensor([0.5, 0.5, 1e-30, 0.0])
     extreme = reweighted(p, before, after, 2.0)  # ratios of 5e29 squared: beyond float32, not beyond its logs
     assert torch.isfinite(extreme).all() and extreme[1] > 0.99
+
+
+@pytest.mark.parametrize("per_image", [False, True], ids=["one-generator", "per-image"])
+def test_a_noise_tape_holds_what_drawing_step_by_step_gives(per_image):
+    """70 steps (past two pieces of 32) of [3, 5] noise: the tape's rows are the draws of `uniform` step by step,
+    so a decoding that moves to the tape keeps its codes for its seeds."""
+    def source():
+        if per_image:
+            return ImageGenerators([torch.Generator().manual_seed(s) for s in (4, 5, 6)])
+        return torch.Generator().manual_seed(4)
+
+    tape, stepwise = NoiseTape(source(), 3, 5, torch.device("cpu")), source()
+    for _ in range(70):
+        assert torch.equal(tape.next(), uniform((3, 5), stepwise, torch.device("cpu")))
+
+
+def test_a_noise_tape_row_of_an_image_does_not_depend_on_its_batch():
+    alone = NoiseTape(ImageGenerators([torch.Generator().manual_seed(9)]), 1, 4, torch.device("cpu"))
+    seeds = (1, 9, 2)
+    batch = NoiseTape(ImageGenerators([torch.Generator().manual_seed(s) for s in seeds]), 3, 4, torch.device("cpu"))
+    for _ in range(40):
+        assert torch.equal(batch.next()[1], alone.next()[0])

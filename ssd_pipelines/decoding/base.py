@@ -15,7 +15,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -156,17 +155,20 @@ class Block:
     def last_row(self) -> int:
         return (self.end - 1) // self.grid.cols
 
-    @cached_property
-    def cell_positions(self) -> torch.Tensor:
-        """Index of each cell among the block's sequence positions. [n_cells]"""
-        cells = torch.arange(self.first, self.end)
-        flat = (cells // self.grid.cols) * self.grid.row_length + cells % self.grid.cols
-        return flat - flat[0]
+    def _position(self, cell):
+        """Sequence position of a cell (an int, or a tensor of them)."""
+        return (cell // self.grid.cols) * self.grid.row_length + cell % self.grid.cols
 
-    @cached_property
+    def cell_positions(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Index of each cell among the block's sequence positions [n_cells], made on `device`: a pass indexes with
+        them, and a copy from the host would make it wait."""
+        return self._position(torch.arange(self.first, self.end, device=device)) - self._position(self.first)
+
+    @property
     def num_positions(self) -> int:
         ends_row = self.end % self.grid.cols == 0
-        return int(self.cell_positions[-1]) + 1 + int(self.grid.has_eol and ends_row)
+        last = self._position(self.end - 1) - self._position(self.first)
+        return last + 1 + int(self.grid.has_eol and ends_row)
 
     def embed(self, backbone: ImageBackbone, codes: torch.Tensor) -> torch.Tensor:
         """Input embeddings of the block: codes [B', n_cells] with end-of-line tokens in place. -> [B', n_pos, d_e]"""
@@ -175,13 +177,13 @@ class Block:
             return code_embeds
         eol = backbone.embed_token(self.grid.eol_token_id)
         embeds = eol.expand(codes.shape[0], self.num_positions, -1).clone()
-        embeds[:, self.cell_positions.to(codes.device)] = code_embeds
+        embeds[:, self.cell_positions(codes.device)] = code_embeds
         return embeds
 
     def predicting_hidden(self, h_before: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states predicting each cell: [B', d], [B', n_pos, d] -> [B', n_cells, d]."""
         shifted = torch.cat([h_before[:, None], hidden[:, :-1]], dim=1)  # position i is predicted by output i - 1
-        return shifted[:, self.cell_positions.to(hidden.device)]
+        return shifted[:, self.cell_positions(hidden.device)]
 
     def last_row_slice(self) -> tuple[slice, slice]:
         """(cells of this block in its last row, their columns): what the next row is drafted from."""
