@@ -9,6 +9,7 @@ ssd-bench pipelined    # ssd in row blocks against ssd pipelined on the window: 
 ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost, targets -> docs/drafters.md
 ssd-bench recheck      # exact's re-checks: proposals for a cell after its left neighbour is redrawn -> docs/exact_recheck.md
 ssd-bench serve        # ar, exact and auto on a local Ray Serve app: images/s, p50/p95 latency -> docs/serving_benchmark.md
+ssd-bench gpu          # on a GPU: reference model, Janus-Pro-7B shape, costs per pass, syncs, targets -> docs/gpu.md
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "drafters": "Reference model: drafting heads against each other, acceptance, passes and quality",
     "recheck": "Reference model: exact's re-checks, proposals after a left neighbour is redrawn",
     "serve": "Reference model on Ray Serve: throughput and latency of ar, exact and auto under load",
+    "gpu": "On a GPU: reference model and Janus-Pro-7B shape, costs per pass, host syncs, issue 39's targets",
 }
 
 

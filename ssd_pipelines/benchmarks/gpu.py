@@ -1,0 +1,736 @@
+"""The GPU measurement of issue 39 in one command: what the decodings cost on a GPU, and how far from the targets.
+
+Sections, each time-boxed within --deadline (checked between measurements; a section that runs out of time or
+raises is recorded so, and the others still run; gpu.json is rewritten after every measurement):
+
+  A  the shipped reference model on the device, fp32 and bf16: seconds per image, passes and seconds per pass of
+     ar, exact, ssd r=1 and r=2 for 1 and 16 images, and the greedy check (exact and uncapped ssd == ar);
+  B  Janus-Pro-7B's shape with random bf16 weights: the bare pass at widths 1 and 24, each vertical drafter's row,
+     and each decoding end to end for one image against the bare pass of its width;
+  C  projections: AR against SSD at the paper's pass counts and at the reference model's measured pass ratios;
+  E  host syncs of B's decodes: counted by `host_syncs`, and on CUDA named by torch's sync debug mode.
+
+D (peak memory per section, CUDA only) and F (issue 39's targets) follow from what ran.
+
+    ssd-bench gpu                 # on a GPU, about 9 minutes -> docs/gpu.md and docs/gpu.json
+    ssd-bench gpu --tiny          # the same code paths on the CPU (a tiny Janus, fewer repeats), under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import diffusers
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from ..backbones.prompts import left_padded_batch
+from ..decoding import make_strategy
+from ..decoding.base import Block, DecodeRun
+from ..decoding.ssd import SSDDecoding
+from ..heads import VERTICAL_DRAFTERS, DraftHeads
+from ..hub import default_model
+from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..sampling import SamplingConfig
+from . import backbone_speed as bs
+from . import report
+
+PROMPT = "a red circle left of a blue square"
+PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
+DTYPES = ("float32", "bfloat16")
+REFERENCE_DECODINGS: dict[str, dict] = {
+    "ar": {"decoding": "ar"},
+    "exact": {"decoding": "exact"},
+    "ssd r=1": {"decoding": "ssd", "verify_rounds": 1},
+    "ssd r=2": {"decoding": "ssd", "verify_rounds": 2},
+}
+GREEDY_DECODINGS = {"ar": ("ar", {}), "exact": ("exact", {}), "ssd, no cap": ("ssd", {"verify_rounds": None})}
+# label -> (decoding, vertical drafter of its heads, options); the drafters' rows are per-cell and recurrent
+JANUS_DECODINGS: dict[str, tuple[str, str | None, dict]] = {
+    "ar": ("ar", None, {}),
+    "ssd r=2, cell": ("ssd", "cell", {"verify_rounds": 2}),
+    "exact, cell": ("exact", "cell", {}),
+    "ssd r=2, recurrent": ("ssd", "recurrent", {"verify_rounds": 2}),
+    "exact, recurrent": ("exact", "recurrent", {}),
+}
+MODES = ("eager",)  # how B's decodings run; a captured mode joins here once the pipeline has its switch
+SECTIONS = {
+    "A": "The reference model on the device",
+    "B": "Janus-Pro-7B's shape",
+    "C": "Projections",
+    "D": "Peak memory",
+    "E": "Host syncs",
+    "F": "Targets (issue 39)",
+}
+TITLE = "GPU measurement: the reference model and Janus-Pro-7B's shape"
+PACKAGE = Path(__file__).resolve().parents[1]
+SHARES = {"A": 0.2, "B": 0.45, "C": 0.0, "E": 0.35}  # of --deadline, by the sections' length on an H200
+
+
+class OutOfTime(Exception):
+    """A section reached its time box before the measurement named."""
+
+
+class JanusShape:
+    """Janus-Pro-7B's shape with random weights, built once for sections B and E: the backbone, heads of each
+    drafter kind (made when first asked for), and a one-image prompt batch with Janus's guidance."""
+
+    def __init__(self, tiny: bool, device: torch.device):
+        started = time.perf_counter()
+        self.backbone, cell = bs.build(bs.janus_pro_config(tiny), device, torch.float32 if tiny else torch.bfloat16)
+        self.build_seconds = time.perf_counter() - started
+        self.heads = {"cell": cell}
+        ids = torch.randint(3, 100, (2, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+        pad, grid = self.backbone.pad_token_id, self.backbone.grid
+        self.batch = left_padded_batch(ids[:1].tolist(), ids[1:].tolist(), 1, pad, grid)
+        self.sampling = SamplingConfig(guidance_scale=self.backbone.default_guidance_scale)
+
+    def heads_of(self, kind: str) -> DraftHeads:
+        """Random heads of this shape with the `kind` vertical drafter (one vertical offset for the row kinds)."""
+        if kind not in self.heads:
+            b, default = self.backbone, torch.get_default_dtype()
+            torch.set_default_dtype(b.dtype)  # made in the backbone's dtype on its device, as `build` makes its heads
+            try:
+                with torch.device(b.device):
+                    heads = DraftHeads(
+                        b.hidden_size, b.embed_size, b.grid.codebook_size, vertical_offsets=(1,), vertical_drafter=kind
+                    )
+            finally:
+                torch.set_default_dtype(default)
+            self.heads[kind] = heads.eval()
+        return self.heads[kind]
+
+    def decode(self, label: str):
+        """One image decoded by JANUS_DECODINGS[label]."""
+        name, kind, options = JANUS_DECODINGS[label]
+        strategy = make_strategy(name, None if kind is None else self.heads_of(kind), **options)
+        return strategy.decode(self.backbone, self.batch, self.sampling, torch.Generator().manual_seed(1))
+
+    def timed_decode(self, label: str) -> tuple[int, float]:
+        """Passes and seconds of one decode, synchronized on either side (one run: a 7B `ar` takes most of a
+        minute; the bare passes before it warmed the backbone)."""
+        decoded = []
+        seconds = bs.median_seconds(lambda: decoded.append(self.decode(label)), self.backbone.device, 1, warmup=0)
+        return decoded[0].stats.forward_passes, seconds
+
+    @torch.inference_mode()
+    def draft_row_seconds(self, kind: str, repeats: int) -> float:
+        """Seconds block `ssd` takes to draft the second row and sample its codes: `SSDDecoding._draft_below`, the
+        calls it makes per row (drafter, the backbone's output head, sampling; an in-row drafter left to right)."""
+        b, grid = self.backbone, self.backbone.grid
+        run = DecodeRun(b, self.batch, grid, self.sampling, None, None, "ssd")
+        generator = torch.Generator(b.device).manual_seed(0)
+        branches = self.batch.input_ids.shape[0]
+        row_hidden = torch.randn(
+            branches, grid.cols, b.hidden_size, generator=generator, device=b.device, dtype=b.dtype
+        )
+        codes = torch.randint(0, grid.codebook_size, (1, grid.cols), generator=generator, device=b.device)
+        row_embeds, h_next = run.embed_codes(codes), row_hidden[:, -1].clone()
+        noise = torch.rand(1, grid.cols, generator=generator, device=b.device)
+        block, ssd = Block(grid, grid.cols, 2 * grid.cols), SSDDecoding(self.heads_of(kind), verify_rounds=0)
+        return bs.median_seconds(
+            lambda: ssd._draft_below(run, block, h_next, row_hidden, row_embeds, noise), b.device, repeats
+        )
+
+    def pass_bytes(self) -> int:
+        """Bytes of the weights a 1-token pass reads: the language model's layers and the image generation head
+        (token embeddings are gathered, not read whole)."""
+        model = self.backbone.model.model
+        parts = (model.language_model.layers, model.language_model.norm, model.generation_head)
+        return sum(p.numel() * p.element_size() for part in parts for p in part.parameters())
+
+
+class Run:
+    """One `ssd-bench gpu` run: the device, the results (rewritten to gpu.json after every measurement), the
+    progress bar over the planned measurements, and the current section's time box."""
+
+    def __init__(self, args: argparse.Namespace, command: str):
+        self.tiny = args.tiny
+        self.device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+        self.json_path = args.out / "gpu.json"
+        self.started = time.perf_counter()
+        self.stop_at = float("inf")
+        self.janus: JanusShape | None = None
+        on_gpu = self.device.type == "cuda"
+        self.results: dict = {
+            "command": command,
+            "environment": {
+                "device": torch.cuda.get_device_name(self.device) if on_gpu else "cpu",
+                "tiny": args.tiny,
+                "reference_dtypes": list(DTYPES),
+                "janus_dtype": "float32" if args.tiny else "bfloat16",
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "diffusers": diffusers.__version__,
+                "python": platform.python_version(),
+                "cpu_threads": torch.get_num_threads(),
+                "deadline_seconds": args.deadline,
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+            **{name: {"status": "not run"} for name in SECTIONS},
+        }
+        self.progress = tqdm(total=planned(args.sections, args.tiny), desc="ssd-bench gpu", unit="measurement")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def janus_shape(self) -> JanusShape:
+        if self.janus is None:
+            self.check_time("building the Janus-Pro-7B shape")  # most of a minute at 7B
+            self.janus = JanusShape(self.tiny, self.device)
+        return self.janus
+
+    def check_time(self, label: str) -> None:
+        if time.perf_counter() > self.stop_at:
+            raise OutOfTime(label)
+
+    @contextmanager
+    def measuring(self, label: str):
+        """One planned measurement: refused once the section's time is up; counted and saved when it ends."""
+        self.check_time(label)
+        self.progress.set_postfix_str(label)
+        yield
+        self.progress.update()
+        self.save()
+
+    def save(self) -> None:
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.json_path.write_text(json.dumps(self.results, indent=1))
+
+    def section(self, name: str, measure: Callable[[Run, dict], None], stop_at: float) -> None:
+        """Run one section into results[name]: its status, seconds and (CUDA) peak memory, whatever happens."""
+        self.stop_at = stop_at
+        res = self.results[name] = {"status": "running"}
+        if self.on_gpu:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        started = time.perf_counter()
+        try:
+            measure(self, res)
+            res["status"] = "done"
+        except OutOfTime as stopped:
+            res["status"] = f"out of time before {stopped}"
+        except Exception as exc:  # noqa: BLE001 - one section's failure must not cost the others
+            res["status"] = f"error: {exc!r}"
+            traceback.print_exc()
+        res["seconds"] = round(time.perf_counter() - started, 1)
+        if self.on_gpu:
+            res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
+            torch.cuda.empty_cache()
+        self.save()
+
+
+def planned(sections: str, tiny: bool) -> int:
+    """The measurements the progress bar counts in these sections."""
+    counts = {
+        "A": 1 + len(DTYPES) * len(reference_batches(tiny)) * len(REFERENCE_DECODINGS),
+        "B": 1 + len(VERTICAL_DRAFTERS) + len(MODES) * len(JANUS_DECODINGS),
+        "C": 0,
+        "E": len(JANUS_DECODINGS),
+    }
+    return sum(counts[name] for name in sections)
+
+
+def reference_batches(tiny: bool) -> tuple[int, int]:
+    return (1, 2) if tiny else (1, 16)
+
+
+def greedy_check(pipe: SSDAutoregressivePipeline, images: int = 2) -> dict:
+    """Temperature 0: `exact`'s codes and uncapped `ssd`'s must be `ar`'s, exactly (the strategies are called
+    directly, as the pipeline's verify_rounds=None means ssd's default cap)."""
+    backbone = pipe.image_backbone
+    sampling = SamplingConfig(temperature=0, guidance_scale=backbone.default_guidance_scale)
+    batch = backbone.encode_prompts([PROMPT], None, images, guidance=sampling.uses_guidance)
+    codes = {
+        label: make_strategy(name, pipe.heads, **options).decode(backbone, batch, sampling).codes
+        for label, (name, options) in GREEDY_DECODINGS.items()
+    }
+    return {
+        "images": images,
+        "exact_equals_ar": torch.equal(codes["exact"], codes["ar"]),
+        "ssd_no_cap_equals_ar": torch.equal(codes["ssd, no cap"], codes["ar"]),
+    }
+
+
+def time_calls(pipe: SSDAutoregressivePipeline, images: int, options: dict, repeats: int, device) -> dict:
+    """Median seconds of a pipeline call after a warm-up (same seed, so the same passes every call), per image
+    and per pass; the codes only (`output_type="latent"`), so the VQ decoder is not timed."""
+    passes = []
+
+    def call() -> None:
+        out = pipe(
+            PROMPT,
+            num_images_per_prompt=images,
+            generator=torch.Generator().manual_seed(0),
+            output_type="latent",
+            **options,
+        )
+        passes.append(out.stats["forward_passes"])
+
+    seconds = bs.median_seconds(call, device, repeats, warmup=1)
+    return {"passes": passes[-1], "seconds_per_image": seconds / images, "ms_per_pass": 1e3 * seconds / passes[-1]}
+
+
+def reference_section(run: Run, res: dict) -> None:
+    """A: the shipped reference model on the device."""
+    repeats = 1 if run.tiny else 2
+    res["runs"] = []
+    for dtype in DTYPES:
+        pipe = SSDAutoregressivePipeline.from_pretrained(default_model(), dtype=getattr(torch, dtype)).to(run.device)
+        pipe.set_progress_bar_config(disable=True)
+        if dtype == "float32":  # bf16 rounding may flip near-ties between a 1-token pass and a row pass
+            with run.measuring("A greedy check"):
+                res["greedy_float32"] = greedy_check(pipe)
+        for images in reference_batches(run.tiny):
+            for label, options in REFERENCE_DECODINGS.items():
+                with run.measuring(f"A {dtype} {label}, {images} image(s)"):
+                    timed = time_calls(pipe, images, options, repeats, run.device)
+                    res["runs"].append({"dtype": dtype, "decoding": label, "images": images, **timed})
+        del pipe
+
+
+def janus_section(run: Run, res: dict) -> None:
+    """B: Janus-Pro-7B's shape: bare passes, the drafters' rows, the decodings end to end."""
+    repeats = 3 if run.tiny else 10
+    shape = run.janus_shape()
+    backbone, grid = shape.backbone, shape.backbone.grid
+    res.update(
+        grid=[grid.rows, grid.cols],
+        backbone_parameters=sum(p.numel() for p in backbone.model.parameters()),
+        build_seconds=round(shape.build_seconds, 1),
+    )
+    with run.measuring("B bare passes"):
+        bare = bs.measure(backbone, shape.heads["cell"], 1, PROMPT_TOKENS, 2 * repeats)
+        res["bare_passes"] = {**bare, "pass_bytes": shape.pass_bytes()}
+    res["drafters"] = {}
+    for kind in VERTICAL_DRAFTERS:
+        with run.measuring(f"B {kind} drafter row"):
+            seconds = shape.draft_row_seconds(kind, repeats)
+            parameters = sum(p.numel() for p in shape.heads_of(kind).vertical[0].parameters())  # offset 1's
+            res["drafters"][kind] = {"parameters": parameters, "seconds_per_row": seconds}
+    res["decodings"] = []
+    for mode in MODES:
+        for label in JANUS_DECODINGS:
+            with run.measuring(f"B {label} ({mode})"):
+                passes, seconds = shape.timed_decode(label)
+                bare_pass = "ar_step" if label == "ar" else "row_pass"
+                res["decodings"].append(
+                    {
+                        "mode": mode,
+                        "decoding": label,
+                        "passes": passes,
+                        "seconds": seconds,
+                        "ms_per_pass": 1e3 * seconds / passes,
+                        "bare_pass": bare_pass,
+                        "per_bare_pass": seconds / passes / bare[bare_pass],
+                    }
+                )
+
+
+def paper_passes(grid) -> tuple[int, int]:
+    """The paper's SSD passes per 24 x 24 image (r=1, r=2); a tiny grid has none, so two that exercise the code."""
+    return bs.PAPER_SSD_PASSES if grid == [24, 24] else (grid[0] + 2, 2 * grid[0])
+
+
+def projection_section(run: Run, res: dict) -> None:
+    """C: AR = prefill + cells x the 1-token pass, against SSD = prefill + N x (row pass + cell heads), N from
+    the paper and from the reference model's measured pass ratios (fp32, one image)."""
+    janus = run.results["B"]
+    if "bare_passes" not in janus:
+        raise ValueError("section B's bare passes were not measured: run section B with C")
+    grid, seconds = janus["grid"], janus["bare_passes"]
+    cells = grid[0] * grid[1]
+    bases = [("paper", label, n) for label, n in zip(("ssd r=1", "ssd r=2"), paper_passes(grid))]
+    runs = {r["decoding"]: r for r in run.results["A"].get("runs", []) if r["dtype"] == "float32" and r["images"] == 1}
+    if "ar" in runs:
+        for label in ("ssd r=2", "exact"):
+            if label in runs:
+                bases.append(("reference model", label, round(runs[label]["passes"] / runs["ar"]["passes"] * cells)))
+    res["projections"] = []
+    for source, label, n in bases:
+        projected = bs.project(seconds, cells, (n,))
+        res["projections"].append(
+            {
+                "source": source,
+                "decoding": label,
+                "ssd_passes": n,
+                "ar_seconds": projected["ar_seconds"],
+                "ssd_seconds": projected[f"ssd_{n}_seconds"],
+                "speedup": projected[f"ssd_{n}_speedup"],
+            }
+        )
+
+
+def sync_site(stack: list[traceback.FrameSummary], message: str) -> str:
+    """Where a host sync happened: the innermost frame of this package outside its benchmarks (whose counters
+    wrap torch's calls), as file:line; the warning's message where the stack has none."""
+    for frame in reversed(stack):
+        path = Path(frame.filename)
+        if PACKAGE in path.parents and path.parent != PACKAGE / "benchmarks":
+            return f"{path.relative_to(PACKAGE.parent).as_posix()}:{frame.lineno}"  # as `host_syncs` names sites
+    return message
+
+
+@contextmanager
+def warning_sites(pattern: str):
+    """The sites (`sync_site`) of every warning whose message holds `pattern` while open; others pass through."""
+    sites: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        show = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if pattern in str(message):
+                sites.append(sync_site(traceback.extract_stack()[:-1], str(message)))
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        yield sites
+
+
+@contextmanager
+def sync_warnings(device: torch.device):
+    """On CUDA, the sites of the host syncs torch's sync debug mode warns of while open; None elsewhere."""
+    if device.type != "cuda":
+        yield None
+        return
+    with warning_sites("synchronizing") as sites:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def host_sync_section(run: Run, res: dict) -> None:
+    """E: B's decodes once more, counting host syncs (and on CUDA catching torch's sync warnings)."""
+    from .host_syncs import count_host_syncs
+
+    shape = run.janus_shape()
+    res["decodings"] = {}
+    for label in JANUS_DECODINGS:
+        with run.measuring(f"E {label}"):
+            with sync_warnings(run.device) as sites, count_host_syncs() as syncs:
+                passes = shape.decode(label).stats.forward_passes
+            res["decodings"][label] = {
+                "passes": passes,
+                "host_syncs": syncs.total,
+                "per_pass": syncs.per(passes),
+                "kinds": dict(syncs.counts),
+                "summary": syncs.summary(),
+                "sync_warnings": None if sites is None else len(sites),
+                "top_sites": None if sites is None else Counter(sites).most_common(5),
+            }
+
+
+MEASURES = {"A": reference_section, "B": janus_section, "C": projection_section, "E": host_sync_section}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 39's targets: met when the measured value is at most `bound` (below it where `strictly`)."""
+
+    what: str
+    bound: float
+    fmt: str
+    strictly: bool = False
+
+    def row(self, value: float | None, on_gpu: bool) -> dict:
+        if value is None:
+            met = None
+        elif not on_gpu:
+            met = "n/a (CPU)"
+        else:
+            met = value < self.bound if self.strictly else value <= self.bound
+        measured = "not measured" if value is None else self.fmt.format(value)
+        return {"target": self.what, "bound": self.bound, "value": value, "measured": measured, "met": met}
+
+
+def targets(results: dict, on_gpu: bool) -> list[dict]:
+    """F: issue 39's targets against what ran; judged on a GPU only."""
+    janus, projections = results["B"], results["C"].get("projections", [])
+    bare, drafters = janus.get("bare_passes", {}), janus.get("drafters", {})
+    reference = {(r["dtype"], r["decoding"], r["images"]): r for r in results["A"].get("runs", [])}
+    rows = []
+    for r in janus.get("decodings", []):
+        width = "1-token" if r["bare_pass"] == "ar_step" else "row"
+        target = Target(f"7B: {r['decoding']} ({r['mode']}), a pass / the bare {width} pass", 1.25, "{:.2f}x")
+        rows.append(target.row(r["per_bare_pass"], on_gpu))
+    ar_step = bare.get("ar_step")
+    rows.append(Target("7B: the 1-token pass, 1 image (ms)", 8.5, "{:.2f} ms").row(ar_step and 1e3 * ar_step, on_gpu))
+    for r in janus.get("decodings", []):
+        if r["decoding"] == "ar":
+            rows.append(Target(f"7B: ar ({r['mode']}), one image (s)", 6.0, "{:.2f} s").row(r["seconds"], on_gpu))
+    r2 = next((p for p in projections if (p["source"], p["decoding"]) == ("paper", "ssd r=2")), None)
+    what = (
+        f"7B: ssd r=2 projected at {r2['ssd_passes'] if r2 else 80} passes (the paper's 80 on 24 x 24), one image (s)"
+    )
+    rows.append(Target(what, 1.4, "{:.2f} s").row(r2 and r2["ssd_seconds"], on_gpu))
+    recurrent = drafters.get("recurrent", {}).get("seconds_per_row")
+    share = recurrent / bare["row_pass"] if recurrent and "row_pass" in bare else None
+    rows.append(Target("7B: the recurrent drafter's row / a row pass", 0.25, "{:.0%}").row(share, on_gpu))
+    ar = reference.get(("float32", "ar", 1))
+    rows.append(
+        Target("reference fp32: ar, ms a pass, 1 image", 1.5, "{:.2f} ms").row(ar and ar["ms_per_pass"], on_gpu)
+    )
+    exact, ar16 = reference.get(("bfloat16", "exact", 1)), reference.get(("bfloat16", "ar", 1))
+    ratio = exact["seconds_per_image"] / ar16["seconds_per_image"] if exact and ar16 else None
+    rows.append(
+        Target("reference bf16: exact's seconds / ar's, 1 image (faster: < 1)", 1.0, "{:.2f}", True).row(ratio, on_gpu)
+    )
+    return rows
+
+
+GPU_HOWTO = [
+    "To measure on a GPU (about 9 minutes on an H200, with some 30 GiB of its memory), from a checkout of this",
+    "repository:",
+    "",
+    "```bash",
+    "pip install -e . && ssd-bench gpu     # writes docs/gpu.md and docs/gpu.json; --out DIR writes them elsewhere",
+    "```",
+    "",
+    "A GPU machine without internet access needs the wheels of what this package requires and it lacks, built for",
+    "its Python and platform (often transformers >= 5.24, diffusers >= 0.42 and huggingface_hub >= 1.0, with those",
+    "of their dependencies it lacks): carry them over, install them with",
+    "`pip install --no-index --no-deps --target /tmp/site wheels/*.whl` and put /tmp/site first on `PYTHONPATH`.",
+    "Check the imports beforehand in a virtual environment holding only the GPU machine's own packages.",
+]
+
+
+def cpu_note() -> list[str]:
+    """What a CPU run's figures are, and which targets await a GPU."""
+    return [
+        "**These are CPU figures on tiny models, not GPU ones: no GPU was available where this file was made.**",
+        "`--tiny` ran every section's code on the CPU: the Janus-Pro-7B shape shrunk to a tiny model in float32,",
+        "the reference model with one timed repeat and 2 images for 16. They check that the code paths run and",
+        'that greedy decodings agree; their seconds say nothing of a GPU. Every target awaits a GPU ("n/a (CPU)"',
+        "below): the 7B shape's cost per pass against the bare pass, its 1-token pass, `ar`'s seconds and projected",
+        "`ssd` r=2's for one image, the recurrent drafter's share of a row pass, the reference model's milliseconds",
+        "a pass for `ar` and bf16 `exact` against bf16 `ar`.",
+        "",
+        *GPU_HOWTO,
+        "",
+    ]
+
+
+def heading(name: str, res: dict) -> list[str]:
+    status = "" if res["status"] == "done" else f"\n\n**{res['status']}**"
+    return [f"## {name}. {SECTIONS[name]}{status}", ""]
+
+
+def reference_lines(res: dict, batches: tuple[int, int]) -> list[str]:
+    lines = [
+        'The shipped reference model, `output_type="latent"` (the VQ decoder is not timed), its default guidance,',
+        f"one prompt, median seconds after a warm-up, batches of {batches[0]} and {batches[1]} images.",
+        "",
+    ]
+    greedy = res.get("greedy_float32")
+    if greedy:
+        verdicts = {key: f"**{str(greedy[key]).lower()}**" for key in ("exact_equals_ar", "ssd_no_cap_equals_ar")}
+        lines += [
+            f"Greedy check (temperature 0, float32, {greedy['images']} images): `exact` == `ar`: "
+            + f"{verdicts['exact_equals_ar']}; `ssd` with no cap on rounds == `ar`: {verdicts['ssd_no_cap_equals_ar']}.",
+            "Not checked in bf16, whose rounding may flip near-ties between a 1-token pass and a row pass.",
+            "",
+        ]
+    if res.get("runs"):
+        lines += ["| dtype | decoding | images | passes | seconds / image | ms / pass |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {r['dtype']} | {r['decoding']} | {r['images']} | {r['passes']} | {r['seconds_per_image']:.4f} | "
+            f"{r['ms_per_pass']:.2f} |"
+            for r in res["runs"]
+        ]
+        lines.append("")
+    return lines
+
+
+def janus_lines(res: dict, dtype: str) -> list[str]:
+    if "grid" not in res:
+        return []
+    rows, cols = res["grid"]
+    lines = [
+        f"`JanusForConditionalGeneration` of Janus-Pro-7B's shape ({res['backbone_parameters']:,} parameters,",
+        f"{rows} x {cols} grid), random {dtype} weights (built in {res['build_seconds']} s), guidance batched (2 rows",
+        f"an image), one image, a {PROMPT_TOKENS}-token prompt. Random weights make acceptance meaningless: compare",
+        "seconds per pass, not passes.",
+        "",
+    ]
+    bare = res.get("bare_passes")
+    if bare:
+        gb_per_s = bare["pass_bytes"] / bare["ar_step"] / 1e9
+        lines += [
+            "| bare pass (`backbone_speed.measure`) | ms |",
+            "|---|---|",
+            f"| prefill ({PROMPT_TOKENS} prompt tokens) | {1e3 * bare['prefill']:.2f} |",
+            f"| 1 token (`ar_step`: extend + code logits) | {1e3 * bare['ar_step']:.2f} |",
+            f"| one row, {cols} tokens (`row_pass`) | {1e3 * bare['row_pass']:.2f} |",
+            f"| per-cell vertical heads over a row | {1e3 * bare['heads']:.2f} |",
+            "",
+            f"Bandwidth achieved by the 1-token pass: {bare['pass_bytes'] / 1e9:.3g} GB of weights (the language",
+            f"model's layers and the image head) in {1e3 * bare['ar_step']:.2f} ms = {gb_per_s:.3g} GB/s.",
+            "",
+        ]
+    if res.get("drafters"):
+        lines += [
+            "Each vertical drafter drafting one row (the second) and sampling its codes, as block `ssd` does it:",
+            "`SSDDecoding._draft_below` timed alone on random heads of this shape (an in-row drafter goes left to",
+            "right, a step a cell, each with the backbone's output head and a sample).",
+            "",
+            "| drafter | parameters | ms a row | share of a row pass |",
+            "|---|---|---|---|",
+        ]
+        for kind, d in res["drafters"].items():
+            share = f"{d['seconds_per_row'] / bare['row_pass']:.0%}" if bare else "-"
+            lines.append(f"| {kind} | {d['parameters']:,} | {1e3 * d['seconds_per_row']:.2f} | {share} |")
+        lines.append("")
+    if res.get("decodings"):
+        lines += [
+            "End to end, one image through the strategies' `decode()`, once each; a pass against the bare pass of its",
+            "width (`ar`: 1 token; `ssd`, `exact`: a row).",
+            "",
+            "| mode | decoding | passes | seconds | ms / pass | / bare pass |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['mode']} | {r['decoding']} | {r['passes']} | {r['seconds']:.3f} | {r['ms_per_pass']:.2f} | "
+            f"{r['per_bare_pass']:.2f}x |"
+            for r in res["decodings"]
+        ]
+        lines.append("")
+    return lines
+
+
+def projection_lines(res: dict, grid: list[int]) -> list[str]:
+    if not res.get("projections"):
+        return []
+    lines = [
+        "One image at the 7B shape: AR = prefill + cells x the 1-token pass; SSD = prefill + N x (a row pass + the",
+        "per-cell heads), every pass charged a full row (an upper bound). N is the paper's, or the reference model's",
+        "passes against AR's (section A, float32, one image) scaled to this grid.",
+        *(
+            []
+            if grid == [24, 24]
+            else [f"The {grid[0]} x {grid[1]} grid has no published counts: {paper_passes(grid)} stand in."]
+        ),
+        "",
+        "| N from | decoding | N | AR seconds | SSD seconds | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p['source']} | {p['decoding']} | {p['ssd_passes']} | {p['ar_seconds']:.3f} | {p['ssd_seconds']:.3f} | "
+        f"{p['speedup']:.2f}x |"
+        for p in res["projections"]
+    ]
+    return [*lines, ""]
+
+
+def memory_lines(res: dict, on_gpu: bool) -> list[str]:
+    if not on_gpu:
+        return ["Measured on CUDA only (`torch.cuda.max_memory_allocated`): null on the CPU.", ""]
+    lines = ["Each section's peak of allocated memory (the 7B backbone, built in B, stays for E).", ""]
+    lines += ["| section | peak GiB |", "|---|---|"]
+    lines += [f"| {name} | {gib} |" for name, gib in res["peak_memory_gib"].items() if gib is not None]
+    return [*lines, ""]
+
+
+def host_sync_lines(res: dict) -> list[str]:
+    if not res.get("decodings"):
+        return []
+    lines = [
+        "B's decodes once more: the calls that block the host on a GPU, counted on any device by",
+        "`host_syncs.count_host_syncs` (total (kinds); commonest sites), and on CUDA the warnings of",
+        '`torch.cuda.set_sync_debug_mode("warn")` with their commonest sites.',
+        "",
+        "| decoding | passes | host syncs a pass | counted | sync warnings (CUDA) | their sites |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, r in res["decodings"].items():
+        warned = "-" if r["sync_warnings"] is None else r["sync_warnings"]
+        sites = ", ".join(f"{site} x{n}" for site, n in r["top_sites"]) if r["top_sites"] else "-"
+        lines.append(f"| {label} | {r['passes']} | {r['per_pass']:.2f} | {r['summary']} | {warned} | {sites} |")
+    return [*lines, ""]
+
+
+def target_lines(res: dict) -> list[str]:
+    lines = ["| target | bound | measured | met |", "|---|---|---|---|"]
+    for r in res["rows"]:
+        met = {True: "yes", False: "no", None: "-"}.get(r["met"], r["met"])
+        lines.append(f"| {r['target']} | {r['bound']:g} | {r['measured']} | {met} |")
+    return [*lines, ""]
+
+
+def markdown(results: dict, on_gpu: bool) -> list[str]:
+    """gpu.md below its title and command: the environment, on a CPU what its figures are, then each section."""
+    env = results["environment"]
+    lines = [
+        f"Device: {env['device']}; the reference model in {' and '.join(env['reference_dtypes'])}, the Janus-Pro-7B",
+        f"shape in {env['janus_dtype']}; torch {env['torch']}, transformers {env['transformers']}, diffusers",
+        f"{env['diffusers']}, Python {env['python']}, {env['cpu_threads']} CPU thread(s); started {env['started']},",
+        f"deadline {env['deadline_seconds']:g} s. The same figures as JSON: `gpu.json` beside this file.",
+        "",
+        *(cpu_note() if not on_gpu else []),
+    ]
+    body = {
+        "A": lambda res: reference_lines(res, reference_batches(env["tiny"])),
+        "B": lambda res: janus_lines(res, env["janus_dtype"]),
+        "C": lambda res: projection_lines(res, results["B"].get("grid")),
+        "D": lambda res: memory_lines(res, on_gpu),
+        "E": host_sync_lines,
+        "F": target_lines,
+    }
+    for name, lines_of in body.items():
+        lines += heading(name, results[name])
+        if results[name]["status"] != "not run":
+            lines += lines_of(results[name])
+    if on_gpu:
+        lines += GPU_HOWTO
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="run on the CPU: a tiny Janus, fewer repeats, 2 images")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder of gpu.md and gpu.json")
+    parser.add_argument("--deadline", type=float, default=540, help="seconds for every section together")
+    parser.add_argument("--sections", default="ABCE", help="of A, B, C, E (D and F follow from what ran)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of a --tiny run (1: steadier beside other work)"
+    )
+    args = parser.parse_args(argv)
+    if not args.sections or set(args.sections) - set(SHARES) or len(set(args.sections)) != len(args.sections):
+        parser.error(f"--sections takes letters of {''.join(SHARES)}, each once, got {args.sections!r}")
+    if args.tiny:
+        torch.set_num_threads(args.threads)
+    sections = "".join(name for name in SHARES if name in args.sections)  # in order: C reads A and B
+    run = Run(args, shlex.join(["ssd-bench", "gpu", *argv]))
+    share, total = 0.0, sum(SHARES[name] for name in sections) or 1.0
+    for name in sections:
+        share += SHARES[name]
+        run.section(name, MEASURES[name], run.started + args.deadline * share / total)
+    run.progress.close()
+    peaks = {name: run.results[name].get("peak_memory_gib") for name in SHARES}
+    run.results["D"] = {"status": "done", "peak_memory_gib": peaks}
+    run.results["F"] = {"status": "done", "rows": targets(run.results, run.on_gpu)}
+    run.save()
+    report(markdown(run.results, run.on_gpu), args.out / "gpu.md", TITLE, run.results["command"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""ssd-bench gpu runs end to end with --tiny on the CPU (the same code paths as on a GPU, tiny models)."""
+
+import json
+import traceback
+import warnings
+
+import pytest
+
+from ssd_pipelines.benchmarks import gpu
+from ssd_pipelines.benchmarks import main as ssd_bench
+from ssd_pipelines.heads import VERTICAL_DRAFTERS
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One whole `ssd-bench gpu --tiny` run (about 30 s on a 2-core CPU): its folder and its JSON."""
+    out = tmp_path_factory.mktemp("gpu")
+    gpu.main(["--tiny", "--out", str(out)])
+    return out, json.loads((out / "gpu.json").read_text())
+
+
+def test_every_section_runs_and_is_written(tiny_run):
+    out, results = tiny_run
+    assert {name: results[name]["status"] for name in "ABCDEF"} == dict.fromkeys("ABCDEF", "done")
+    doc = (out / "gpu.md").read_text()
+    assert doc.startswith("# GPU measurement") and f"Made by `ssd-bench gpu --tiny --out {out}`" in doc
+    assert "no GPU was available" in doc and "pip install -e . && ssd-bench gpu" in doc
+    assert all(f"## {name}. " in doc for name in "ABCDEF")
+    assert {"torch", "transformers", "diffusers", "device"} <= results["environment"].keys()
+
+
+def test_the_reference_model_agrees_greedily_and_counts_whole_passes(tiny_run):
+    _, results = tiny_run
+    a = results["A"]
+    assert a["greedy_float32"] == {"images": 2, "exact_equals_ar": True, "ssd_no_cap_equals_ar": True}
+    runs = {(r["dtype"], r["decoding"], r["images"]): r for r in a["runs"]}
+    assert len(runs) == 2 * 4 * 2  # dtypes x decodings x (1, 2) images
+    assert all(type(r["passes"]) is int and r["seconds_per_image"] > 0 for r in runs.values())
+    assert runs["float32", "ar", 1]["passes"] == 256  # one pass per code of the 16 x 16 grid
+    assert runs["float32", "ssd r=1", 1]["passes"] < runs["float32", "ssd r=2", 1]["passes"] < 256
+
+
+def test_the_janus_shape_times_passes_drafters_and_decodings(tiny_run):
+    _, results = tiny_run
+    b = results["B"]
+    assert b["grid"] == [4, 4] and set(b["bare_passes"]) == {"prefill", "ar_step", "row_pass", "heads", "pass_bytes"}
+    assert list(b["drafters"]) == list(VERTICAL_DRAFTERS)
+    assert [(r["mode"], r["decoding"]) for r in b["decodings"]] == [("eager", d) for d in gpu.JANUS_DECODINGS]
+    assert all(type(r["passes"]) is int for r in b["decodings"])
+    ar = b["decodings"][0]
+    assert ar["passes"] == 16 and ar["per_bare_pass"] == pytest.approx(ar["seconds"] / 16 / b["bare_passes"]["ar_step"])
+    c = results["C"]["projections"]
+    assert [(p["source"], p["decoding"]) for p in c] == [
+        ("paper", "ssd r=1"),
+        ("paper", "ssd r=2"),
+        ("reference model", "ssd r=2"),
+        ("reference model", "exact"),
+    ]
+    reference = {
+        r["decoding"]: r["passes"] for r in results["A"]["runs"] if r["dtype"] == "float32" and r["images"] == 1
+    }
+    assert c[2]["ssd_passes"] == round(reference["ssd r=2"] / reference["ar"] * 16)  # its share of AR's, on 16 cells
+
+
+def test_memory_syncs_and_targets_are_reported_and_not_judged_on_the_cpu(tiny_run):
+    _, results = tiny_run
+    assert set(results["D"]["peak_memory_gib"].values()) == {None}
+    syncs = results["E"]["decodings"]
+    assert list(syncs) == list(gpu.JANUS_DECODINGS)
+    assert all(type(s["host_syncs"]) is int and s["sync_warnings"] is None for s in syncs.values())
+    rows = results["F"]["rows"]
+    assert len(rows) == len(gpu.JANUS_DECODINGS) + 6
+    assert {r["met"] for r in rows} == {"n/a (CPU)"} and all(r["value"] is not None for r in rows)
+
+
+def test_a_section_that_raises_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise RuntimeError("no reference model here")
+
+    monkeypatch.setattr(gpu.SSDAutoregressivePipeline, "from_pretrained", no_model)
+    gpu.main(["--tiny", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "gpu.json").read_text())
+    assert results["A"]["status"] == "error: RuntimeError('no reference model here')"
+    assert [results[name]["status"] for name in "BCE"] == ["done"] * 3
+    assert [p["source"] for p in results["C"]["projections"]] == ["paper", "paper"]
+    assert [r["measured"] for r in results["F"]["rows"][-2:]] == ["not measured"] * 2
+    assert "**error: RuntimeError('no reference model here')**" in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_section_out_of_time_says_before_what(tmp_path):
+    gpu.main(["--tiny", "--sections", "B", "--deadline", "0", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "gpu.json").read_text())
+    assert results["B"]["status"] == "out of time before building the Janus-Pro-7B shape"
+    assert results["A"]["status"] == results["E"]["status"] == "not run"
+
+
+def test_targets_are_judged_on_a_gpu_only():
+    at_most, below = gpu.Target("t", 1.0, "{:.1f}"), gpu.Target("t", 1.0, "{:.1f}", strictly=True)
+    assert [at_most.row(1.0, True)["met"], below.row(1.0, True)["met"], below.row(0.9, True)["met"]] == [
+        True,
+        False,
+        True,
+    ]
+    assert at_most.row(2.0, False)["met"] == "n/a (CPU)" and at_most.row(None, True)["met"] is None
+
+
+def test_a_sync_is_placed_at_the_innermost_frame_of_the_package_outside_its_benchmarks():
+    stack = [
+        traceback.FrameSummary(str(gpu.PACKAGE / "benchmarks" / "gpu.py"), 1, "decode"),
+        traceback.FrameSummary(str(gpu.PACKAGE / "decoding" / "frontier.py"), 7, "_advance"),
+        traceback.FrameSummary(str(gpu.PACKAGE / "benchmarks" / "host_syncs.py"), 3, "counted"),
+        traceback.FrameSummary("/site-packages/torch/_tensor.py", 9, "__bool__"),
+    ]
+    assert gpu.sync_site(stack, "message") == "ssd_pipelines/decoding/frontier.py:7"
+    assert gpu.sync_site(stack[:1], "message") == "message"
+
+
+def test_warning_sites_keep_the_matching_warnings_and_let_others_through():
+    def two_syncs_and_another_warning():
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("unrelated")
+
+    with pytest.warns(UserWarning, match="unrelated"), gpu.warning_sites("synchronizing") as sites:
+        two_syncs_and_another_warning()
+    assert sites == ["called a synchronizing CUDA operation"] * 2  # a test's stack has no frame of the package
+
+
+def test_ssd_bench_lists_gpu():
+    with pytest.raises(SystemExit, match=r"\n  gpu "):
+        ssd_bench([])
