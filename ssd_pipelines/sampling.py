@@ -174,7 +174,7 @@ class ImageGenerators:
 
     @staticmethod
     def _draw(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        return torch.rand(shape, generator=generator, device=generator.device).to(device)
+        return to_device(torch.rand(shape, generator=generator, device=generator.device), device)
 
 
 RandomSource = torch.Generator | ImageGenerators | None
@@ -206,7 +206,17 @@ def uniform(
     if isinstance(generator, ImageGenerators):
         return generator.rand(shape, device, images)
     source = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=source).to(device)
+    return to_device(torch.rand(shape, generator=generator, device=source), device)
+
+
+def to_device(noise: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Noise drawn on a generator's device, moved to the model's without making the host wait: from a CPU
+    generator to a GPU through pinned memory, a copy the GPU makes when it gets there."""
+    device = torch.device(device)
+    if noise.device.type == "cpu" and device.type == "cuda":
+        noise = noise.pin_memory()
+    # to the host a copy must wait for the data; on the same device `to` is the tensor itself
+    return noise.to(device, non_blocking=device.type != "cpu" or noise.device.type == "cpu")
 
 
 def sample(probs: torch.Tensor, generator: RandomSource = None, images=None) -> torch.Tensor:
@@ -303,9 +313,7 @@ class NoiseTape:
         else:
             home = self.device if self.generator is None else self.generator.device
             piece = torch.rand((self.steps_ahead, self.batch, self.width), generator=self.generator, device=home)
-        if piece.device.type == "cpu" and self.device.type == "cuda":  # pinned, so that the copy does not block
-            return piece.pin_memory().to(self.device, non_blocking=True)
-        return piece.to(self.device)
+        return to_device(piece, self.device)
 
 
 def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:

@@ -45,7 +45,8 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
 
 def test_ssd_bench_names_its_benchmarks():
     with pytest.raises(
-        SystemExit, match="usage: ssd-bench {exactness,reference,sweep,peers,window,pipelined,drafters,recheck,serve,gpu}"
+        SystemExit,
+        match="usage: ssd-bench {exactness,reference,sweep,peers,window,pipelined,drafters,recheck,serve,gpu}",
     ):
         ssd_bench(["nonsense"])
 

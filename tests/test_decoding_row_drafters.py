@@ -94,7 +94,9 @@ def test_greedy_with_row_drafters_equals_ar_greedy(drafter, guidance, strategy):
 @pytest.mark.parametrize("drafter", ["row", "inrow", "recurrent"])
 def test_row_drafters_draft_one_row(drafter):
     heads = tiny_heads(tiny_backbone(rows=4, cols=5, codebook_size=8), drafter=drafter)
-    with pytest.raises(ValueError, match=rf"got 2. These heads' '{drafter}' vertical drafter drafts one row .*pass vertical_rows=1"):
+    with pytest.raises(
+        ValueError, match=rf"got 2. These heads' '{drafter}' vertical drafter drafts one row .*pass vertical_rows=1"
+    ):
         SSDDecoding(heads, vertical_rows=2)
     pipe = tiny_pipeline()
     pipe.heads = heads

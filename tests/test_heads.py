@@ -112,7 +112,9 @@ def test_the_per_cell_drafter_is_the_default_and_drafts_through_the_same_interfa
     hidden, embeds = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     stepped = heads.draft_step(heads.row_context(hidden, embeds))
     torch.testing.assert_close(stepped, heads.draft_below(hidden, embeds, 1)[:, 0])
-    torch.testing.assert_close(heads.row_context_at(hidden[:, :, None], embeds[:, :, None]), heads.row_context(hidden, embeds))
+    torch.testing.assert_close(
+        heads.row_context_at(hidden[:, :, None], embeds[:, :, None]), heads.row_context(hidden, embeds)
+    )
     with pytest.raises(ValueError, match="reads neither the codes nor the state to a cell's left"):
         heads.draft_step(torch.randn(2, 32), torch.randn(2, 2, 32))
     with pytest.raises(ValueError, match="start_embeds is for 'inrow'"):

@@ -124,6 +124,7 @@ def test_reweighting_moves_p_by_the_drafters_ratio_and_never_outside_its_support
 def test_a_noise_tape_holds_what_drawing_step_by_step_gives(per_image):
     """70 steps (past two pieces of 32) of [3, 5] noise: the tape's rows are the draws of `uniform` step by step,
     so a decoding that moves to the tape keeps its codes for its seeds."""
+
     def source():
         if per_image:
             return ImageGenerators([torch.Generator().manual_seed(s) for s in (4, 5, 6)])

@@ -77,6 +77,12 @@ class PromptBatch:
                 f"a prompt batch of {self.batch_size} images needs {expected} rows, got {self.input_ids.shape[0]}."
             )
 
+    @property
+    def padded(self) -> bool:
+        """Whether any row is padded: read where the tokenizer left the mask, on the host, before it goes to the
+        model's device (where reading it would make the host wait)."""
+        return not bool(self.attention_mask.all())
+
 
 @dataclass
 class KVState:

@@ -101,20 +101,28 @@ class CausalLMBackbone(ImageBackbone):
 
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
+        padded = prompts.padded
         ids = prompts.input_ids.to(self.device)
         mask = prompts.attention_mask.to(self.device)
-        padded = not bool(mask.all())
         grid = prompts.grid or self.grid
+        width = ids.shape[1]
         state = KVState(  # the cache holds at most the prompt and the whole image sequence
-            cache=preallocated_cache(ids.shape[1] + grid.sequence_length),
+            cache=preallocated_cache(width + grid.sequence_length),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
-            prompt_width=ids.shape[1],
+            prompt_width=width,
             length=0,
         )
-        # Left padding: each row's real tokens take positions 0..len-1; the padding is masked out.
+        # Left padding: each row's real tokens take positions 0..len-1; the padding is masked out, by a 4-D mask
+        # (transformers would read a 2-D one on the host).
         position_ids = (mask.cumsum(dim=1) - 1).clamp_min(0)
-        hidden = self._run(self.embed_prompt(ids), state, position_ids, state.prompt_mask)
+        attention_mask = None
+        if padded:
+            causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
+            allowed = causal & mask.bool()[:, None, :]  # [B', P, P]
+            attention_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
+            attention_mask = attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
+        hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask)
         return state, hidden[:, -1]
 
     def embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
@@ -127,9 +135,10 @@ class CausalLMBackbone(ImageBackbone):
         n = embeds.shape[1]
         position_ids = state.prompt_lengths + torch.arange(generated, generated + n, device=embeds.device)  # [B', n]
         attention_mask = None
-        if state.prompt_mask is not None:
-            ones = state.prompt_mask.new_ones(embeds.shape[0], generated + n)
-            attention_mask = torch.cat([state.prompt_mask, ones], dim=1)
+        if state.prompt_mask is not None:  # 4-D: transformers would read a 2-D padding mask on the host every pass
+            positions = torch.arange(generated, generated + n, device=embeds.device)
+            visible = torch.arange(generated + n, device=embeds.device) <= positions[:, None]  # [n, T]: causal
+            attention_mask = self._attention_mask(state, visible.expand(embeds.shape[0], -1, -1))
         return self._run(embeds, state, position_ids, attention_mask)
 
     @torch.no_grad()
@@ -149,19 +158,24 @@ class CausalLMBackbone(ImageBackbone):
         slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         slots = positions if slots is None else slots
-        n, width = embeds.shape[1], visible.shape[-1]
+        width = visible.shape[-1]
         position_ids = state.prompt_lengths + positions  # [B', n]
+        write_rows_at(state.cache, state.prompt_width + slots, state.prompt_width + width)
+        hidden = self._run(embeds, state, position_ids, self._attention_mask(state, visible))
+        state.length = state.prompt_width + width
+        return hidden
+
+    def _attention_mask(self, state: KVState, visible: torch.Tensor) -> torch.Tensor:
+        """The additive mask [B', 1, n, P + T] of tokens that see their row's prompt (less its padding) and the image
+        slots visible [B', n, T] marks."""
+        batch, n = visible.shape[:2]
         if state.prompt_mask is None:
-            prompt = visible.new_ones(embeds.shape[0], n, state.prompt_width)
+            prompt = visible.new_ones(batch, n, state.prompt_width)
         else:
             prompt = state.prompt_mask.bool()[:, None, :].expand(-1, n, -1)
         allowed = torch.cat([prompt, visible], dim=-1)  # [B', n, P + T]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=embeds.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        write_rows_at(state.cache, state.prompt_width + slots, state.prompt_width + width)
-        hidden = self._run(embeds, state, position_ids, mask[:, None])
-        state.length = state.prompt_width + width
-        return hidden
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=visible.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
 
     def rewind(self, state: KVState, length: int) -> None:
         if length < state.prompt_width or length > state.length:

@@ -90,8 +90,10 @@ class RoundCounter:
         self.accepted[round_index] += accepted
 
     def write_to(self, stats: DecodeStats) -> None:
-        stats.drafted_per_round = [int(d) for d in self.drafted]
-        stats.accepted_per_round = [int(a) for a in self.accepted]
+        if self.drafted:  # read once, at the end
+            stats.drafted_per_round, stats.accepted_per_round = (
+                torch.stack([*self.drafted, *self.accepted]).view(2, -1).tolist()
+            )
 
 
 class CheckCounter:
@@ -110,9 +112,9 @@ class CheckCounter:
         self.accepted.scatter_add_(0, index, (checked & accepted).flatten().long())
 
     def write_to(self, stats: DecodeStats) -> None:
-        rounds = int((self.drafted > 0).sum())  # a cell checked k + 1 times was checked k times: no gaps
-        stats.drafted_per_round = self.drafted[:rounds].tolist()
-        stats.accepted_per_round = self.accepted[:rounds].tolist()
+        drafted, accepted = torch.stack([self.drafted, self.accepted]).tolist()  # read once, at the end
+        rounds = sum(d > 0 for d in drafted)  # a cell checked k + 1 times was checked k times: no gaps
+        stats.drafted_per_round, stats.accepted_per_round = drafted[:rounds], accepted[:rounds]
 
 
 def cells_by_position(grid: ImageGrid, device: torch.device) -> torch.Tensor:
@@ -121,7 +123,7 @@ def cells_by_position(grid: ImageGrid, device: torch.device) -> torch.Tensor:
     positions = torch.arange(grid.sequence_length, device=device)
     column = positions % grid.row_length
     cells = torch.where(column < grid.cols, positions // grid.row_length * grid.cols + column, UNDECODED)
-    return torch.cat([cells, cells.new_tensor([UNDECODED])])
+    return torch.cat([cells, torch.full((1,), UNDECODED, device=device)])
 
 
 def both_branches(x: torch.Tensor, guidance: bool) -> torch.Tensor:

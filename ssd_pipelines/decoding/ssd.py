@@ -125,8 +125,11 @@ class SSDDecoding(DecodingStrategy):
         row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
         for index, block in enumerate(blocks):
             # The block's noise, drawn whole: its drafts', then acceptance and residual draws for every round.
-            noise = uniform((run.prompts.batch_size, 1 + 2 * self.max_rounds(block), block.num_cells),
-                            run.generator, run.codes.device)
+            noise = uniform(
+                (run.prompts.batch_size, 1 + 2 * self.max_rounds(block), block.num_cells),
+                run.generator,
+                run.codes.device,
+            )
             if block.first_row == 0:
                 codes, q = self._draft_right(run, block, h_next, noise[:, 0])
             else:
