@@ -45,7 +45,11 @@ def test_the_janus_shape_times_passes_drafters_and_decodings(tiny_run):
     b = results["B"]
     assert b["grid"] == [4, 4] and set(b["bare_passes"]) == {"prefill", "ar_step", "row_pass", "heads", "pass_bytes"}
     assert list(b["drafters"]) == list(VERTICAL_DRAFTERS)
-    assert [(r["mode"], r["decoding"]) for r in b["decodings"]] == [("eager", d) for d in gpu.JANUS_DECODINGS]
+    assert [(r["mode"], r["decoding"]) for r in b["decodings"]] == [
+        (m, d) for m in gpu.MODES for d in gpu.JANUS_DECODINGS
+    ]
+    by_mode = {m: [r["passes"] for r in b["decodings"] if r["mode"] == m] for m in gpu.MODES}
+    assert by_mode["compiled"] == by_mode["eager"]  # the same seeds through compiled passes: the same decodes
     assert all(type(r["passes"]) is int for r in b["decodings"])
     ar = b["decodings"][0]
     assert ar["passes"] == 16 and ar["per_bare_pass"] == pytest.approx(ar["seconds"] / 16 / b["bare_passes"]["ar_step"])
@@ -69,7 +73,9 @@ def test_memory_syncs_and_targets_are_reported_and_not_judged_on_the_cpu(tiny_ru
     assert list(syncs) == list(gpu.JANUS_DECODINGS)
     assert all(type(s["host_syncs"]) is int and s["sync_warnings"] is None for s in syncs.values())
     rows = results["F"]["rows"]
-    assert len(rows) == len(gpu.JANUS_DECODINGS) + 6
+    # per mode: each decoding's cost per pass and ar's seconds; then the pass, the projection, the drafter, the
+    # reference model's two
+    assert len(rows) == len(gpu.MODES) * (len(gpu.JANUS_DECODINGS) + 1) + 5
     assert {r["met"] for r in rows} == {"n/a (CPU)"} and all(r["value"] is not None for r in rows)
 
 

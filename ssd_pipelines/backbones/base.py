@@ -173,6 +173,10 @@ class ImageBackbone(ABC):
         image rows at once), or a tree of candidates whose branches share a position at different slots."""
         raise NotImplementedError(f"{type(self).__name__} cannot run tokens at arbitrary positions.")
 
+    def compile_passes(self, options: dict | None) -> None:
+        """Run the forward passes through `torch.compile(**options)`, or eagerly again with None."""
+        raise NotImplementedError(f"{type(self).__name__} cannot compile its passes.")
+
     @abstractmethod
     def rewind(self, state: KVState, length: int) -> None:
         """Drop everything the cache holds beyond `length` tokens."""

@@ -11,6 +11,7 @@ hidden states *before* the final norm, taken from the same pass.
 from __future__ import annotations
 
 import threading
+import warnings
 from contextvars import ContextVar
 
 import torch
@@ -26,6 +27,7 @@ from .kv_cache import preallocated_cache, write_rows_at
 # on one backbone each see their own pass (transformers records `output_hidden_states` the same way).
 _captured_norm_input: ContextVar[list[torch.Tensor] | None] = ContextVar("captured_norm_input", default=None)
 _hook_lock = threading.Lock()
+COMPILED = "_ssd_compiled_forward"  # where a decoder keeps its compiled forward (`CausalLMBackbone.compile_passes`)
 
 
 def _record_norm_input(_module: nn.Module, args: tuple, _output) -> None:
@@ -86,18 +88,48 @@ class CausalLMBackbone(ImageBackbone):
         """One pass of the decoder; returns the input of its final norm."""
         captured: list[torch.Tensor] = []
         token = _captured_norm_input.set(captured)
+        inputs = {
+            "inputs_embeds": embeds.to(self.dtype),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "cache": state.cache,
+            "use_cache": True,
+        }
         try:
-            self.decoder(
-                inputs_embeds=embeds.to(self.dtype),
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=state.cache,
-                use_cache=True,
-            )
+            compiled = getattr(self.decoder, COMPILED, None)
+            try:
+                compiled(**inputs) if compiled is not None else self.decoder(**inputs)
+            except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
+                if compiled is None:
+                    raise
+                self.compile_passes(None)
+                warnings.warn(
+                    f"torch.compile could not compile this backbone's pass ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}): its passes run eagerly from now on.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                captured.clear()
+                self.decoder(**inputs)
         finally:
             _captured_norm_input.reset(token)
         state.length += embeds.shape[1]
         return captured[0]
+
+    def compile_passes(self, options: dict | None) -> None:
+        """Run the decoder's passes through `torch.compile(decoder.forward, **options)`, or eagerly again with None.
+
+        Kept on the decoder module, which the pipeline's adapters share (an adapter is rebuilt on every access): a
+        device or dtype it moves to fails the compiled code's guards, which compiles anew. Eager stays the
+        reference; a pass the backend cannot compile warns once and runs eagerly from then on (`_run`)."""
+        if options is None:
+            self.decoder.__dict__.pop(COMPILED, None)
+        else:
+            self.decoder.__dict__[COMPILED] = torch.compile(self.decoder.forward, **options)
+
+    @property
+    def passes_compiled(self) -> bool:
+        return COMPILED in self.decoder.__dict__
 
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:

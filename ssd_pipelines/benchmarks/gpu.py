@@ -67,7 +67,9 @@ JANUS_DECODINGS: dict[str, tuple[str, str | None, dict]] = {
     "ssd r=2, recurrent": ("ssd", "recurrent", {"verify_rounds": 2}),
     "exact, recurrent": ("exact", "recurrent", {}),
 }
-MODES = ("eager",)  # how B's decodings run; a captured mode joins here once the pipeline has its switch
+# How B's decodings run: the backbone's passes eager, or through torch.compile (`compile_passes`; `--tiny` traces with
+# the "eager" backend, which checks the path in seconds where inductor would take minutes)
+MODES = {"eager": None, "compiled": {"dynamic": True}}
 SECTIONS = {
     "A": "The reference model on the device",
     "B": "Janus-Pro-7B's shape",
@@ -324,22 +326,30 @@ def janus_section(run: Run, res: dict) -> None:
             parameters = sum(p.numel() for p in shape.heads_of(kind).vertical[0].parameters())  # offset 1's
             res["drafters"][kind] = {"parameters": parameters, "seconds_per_row": seconds}
     res["decodings"] = []
-    for mode in MODES:
-        for label in JANUS_DECODINGS:
-            with run.measuring(f"B {label} ({mode})"):
-                passes, seconds = shape.timed_decode(label)
-                bare_pass = "ar_step" if label == "ar" else "row_pass"
-                res["decodings"].append(
-                    {
-                        "mode": mode,
-                        "decoding": label,
-                        "passes": passes,
-                        "seconds": seconds,
-                        "ms_per_pass": 1e3 * seconds / passes,
-                        "bare_pass": bare_pass,
-                        "per_bare_pass": seconds / passes / bare[bare_pass],
-                    }
-                )
+    try:
+        for mode, options in MODES.items():
+            if options is not None and run.tiny:
+                options = {**options, "backend": "eager"}
+            shape.backbone.compile_passes(options)
+            for label in JANUS_DECODINGS:
+                with run.measuring(f"B {label} ({mode})"):
+                    if options is not None:
+                        shape.decode(label)  # compiles: not timed
+                    passes, seconds = shape.timed_decode(label)
+                    bare_pass = "ar_step" if label == "ar" else "row_pass"
+                    res["decodings"].append(
+                        {
+                            "mode": mode,
+                            "decoding": label,
+                            "passes": passes,
+                            "seconds": seconds,
+                            "ms_per_pass": 1e3 * seconds / passes,
+                            "bare_pass": bare_pass,
+                            "per_bare_pass": seconds / passes / bare[bare_pass],
+                        }
+                    )
+    finally:
+        shape.backbone.compile_passes(None)  # E counts the eager passes' syncs
 
 
 def paper_passes(grid) -> tuple[int, int]:
@@ -602,7 +612,9 @@ def janus_lines(res: dict, dtype: str) -> list[str]:
     if res.get("decodings"):
         lines += [
             "End to end, one image through the strategies' `decode()`, once each; a pass against the bare pass of its",
-            "width (`ar`: 1 token; `ssd`, `exact`: a row).",
+            "width (`ar`: 1 token; `ssd`, `exact`: a row). Mode `compiled`: the backbone's passes through",
+            "`torch.compile` (`pipe.enable_compiled_passes()`), timed after a first decode that compiles; with",
+            "`--tiny`, traced with the `eager` backend, which checks the path, not the speed.",
             "",
             "| mode | decoding | passes | seconds | ms / pass | / bare pass |",
             "|---|---|---|---|---|---|",

@@ -1,0 +1,74 @@
+"""`pipe.enable_compiled_passes()`: the backbone's passes through torch.compile give eager's codes, keep `exact` exact,
+and fall back to eager, saying so once, where the backend cannot compile (issue 39, part 3). Compiling takes tens of
+seconds on this CPU: each test compiles once."""
+
+import warnings
+
+import torch
+
+from ssd_pipelines import ExactDecoding, SamplingConfig
+from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
+from ssd_pipelines.testing import tiny_pipeline
+
+CALLS = [("ar", {}), ("exact", {}), ("ssd", {"verify_rounds": 2}), ("ssd", {"verify_rounds": 2, "window": 5})]
+
+
+def codes(pipe, decoding, options, temperature):
+    out = pipe(
+        ["a red circle", "blue"],
+        num_images_per_prompt=2,
+        decoding=decoding,
+        temperature=temperature,
+        generator=[torch.Generator().manual_seed(seed) for seed in range(4)],
+        output_type="latent",
+        **options,
+    )
+    return out.codes
+
+
+def test_compiled_passes_give_the_codes_of_eager_ones():
+    pipe = tiny_pipeline()
+    calls = [(decoding, options, temperature) for decoding, options in CALLS for temperature in (1.0, 0.0)]
+    eager = [codes(pipe, *call) for call in calls]
+    pipe.enable_compiled_passes()
+    assert pipe.image_backbone.passes_compiled  # kept on the decoder: every adapter of the pipeline sees it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback: the compiled passes ran
+        compiled = [codes(pipe, *call) for call in calls]
+    for call, expected, got in zip(calls, eager, compiled):
+        assert torch.equal(got, expected), call
+    pipe.disable_compiled_passes()
+    assert not pipe.image_backbone.passes_compiled
+
+
+def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
+    pipe = tiny_pipeline()
+    eager = codes(pipe, "exact", {}, 1.0)
+
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("this backend compiles nothing")
+
+    pipe.enable_compiled_passes(backend=failing_backend)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fallen_back = codes(pipe, "exact", {}, 1.0)
+        again = codes(pipe, "exact", {}, 1.0)
+    said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "could not compile this backbone's pass" in said[0], said
+    assert "run eagerly from now on" in said[0]
+    assert torch.equal(fallen_back, eager) and torch.equal(again, eager)
+    assert not pipe.image_backbone.passes_compiled
+
+
+def test_exact_on_compiled_passes_samples_the_ar_distribution():
+    """The G test of the enumerable grid (tests/test_decoding_distribution.py), the probabilities computed eagerly,
+    the 30,000 images drawn on compiled passes."""
+    torch.set_num_threads(1)
+    backbone, heads = toy_setup()
+    sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
+    probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
+    backbone.compile_passes({"dynamic": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        g = measure(ExactDecoding(heads, window=4), backbone, sampling, 30_000, 7, probs).g
+    assert backbone.passes_compiled and g.passes, g
