@@ -4,6 +4,7 @@ seconds on this CPU: each test compiles once."""
 
 import warnings
 
+import pytest
 import torch
 
 from ssd_pipelines import ExactDecoding, SamplingConfig
@@ -60,10 +61,17 @@ def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
     assert not pipe.image_backbone.passes_compiled
 
 
-def test_exact_on_compiled_passes_samples_the_ar_distribution():
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_exact_on_compiled_passes_samples_the_ar_distribution(one_thread):
     """The G test of the enumerable grid (tests/test_decoding_distribution.py), the probabilities computed eagerly,
     the 30,000 images drawn on compiled passes."""
-    torch.set_num_threads(1)
     backbone, heads = toy_setup()
     sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
     probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
