@@ -131,14 +131,18 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         return adapter_for(self.backbone, self.tokenizer, self.vqvae)
 
     def enable_compiled_passes(self, **compile_options) -> None:
-        """Run the backbone's forward passes through `torch.compile` (`compile_options`: its keywords; default
-        dynamic=True, so that one compilation serves the passes of every width and batch).
+        """Run the backbone's forward passes through `torch.compile` (`compile_options`: its keywords).
 
-        Opt-in, as diffusers leaves `torch.compile` to its users: the first call compiles (about a minute and a
-        half for the reference model on a 2-core CPU), later calls run faster (docs/gpu.md). The codes are
-        eager's for the same seed. A pass the backend cannot compile warns once and runs eagerly from then on;
-        moving the pipeline to another device or dtype compiles again on the next call."""
-        self.image_backbone.compile_passes({"dynamic": True, **compile_options})
+        By default dynamic=True: one compilation serves the passes of every width and batch. With dynamic=False, and
+        by default with the CUDA-graph modes ("reduce-overhead", "max-autotune"), the passes over the image take
+        static shapes, so that one graph serves every pass of a width (`CausalLMBackbone.compile_passes`).
+
+        Opt-in, as diffusers leaves `torch.compile` to its users: the first call compiles (a minute or more on a
+        2-core CPU), later calls may run faster (docs/decoding.md, "Compiled passes"). The codes are eager's for
+        the same seed. A pass the backend cannot compile warns once and runs eagerly from then on; moving the
+        pipeline to another device or dtype compiles again on the next call."""
+        graphs = compile_options.get("mode") in ("reduce-overhead", "max-autotune")
+        self.image_backbone.compile_passes({"dynamic": not graphs, **compile_options})
 
     def disable_compiled_passes(self) -> None:
         """Run the backbone's passes eagerly again."""

@@ -93,6 +93,7 @@ class KVState:
     prompt_lengths: torch.Tensor  # [B', 1] tokens of each row that are not padding
     prompt_width: int  # P
     length: int  # tokens in the cache, padding included
+    image_slots: int = 0  # S: the cache's room for the image sequence past the prompt
 
 
 class ImageBackbone(ABC):

@@ -84,8 +84,11 @@ class CausalLMBackbone(ImageBackbone):
     def dtype(self) -> torch.dtype:
         return self.final_norm.weight.dtype
 
-    def _run(self, embeds: torch.Tensor, state: KVState, position_ids: torch.Tensor, attention_mask) -> torch.Tensor:
-        """One pass of the decoder; returns the input of its final norm."""
+    def _run(
+        self, embeds: torch.Tensor, state: KVState, position_ids: torch.Tensor, attention_mask, eager: bool = False
+    ) -> torch.Tensor:
+        """One pass of the decoder, compiled unless `eager` where `compile_passes` asked; returns the input of its
+        final norm."""
         captured: list[torch.Tensor] = []
         token = _captured_norm_input.set(captured)
         inputs = {
@@ -96,7 +99,7 @@ class CausalLMBackbone(ImageBackbone):
             "use_cache": True,
         }
         try:
-            compiled = getattr(self.decoder, COMPILED, None)
+            compiled = None if eager else self.decoder.__dict__.get(COMPILED, (None,))[0]
             try:
                 compiled(**inputs) if compiled is not None else self.decoder(**inputs)
             except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
@@ -119,17 +122,27 @@ class CausalLMBackbone(ImageBackbone):
     def compile_passes(self, options: dict | None) -> None:
         """Run the decoder's passes through `torch.compile(decoder.forward, **options)`, or eagerly again with None.
 
+        With dynamic=False the passes over the image take static shapes: each attends over every image slot of the
+        cache (what a row has not written is masked), so one compiled graph serves every pass of a width, as CUDA
+        graphs need (mode="reduce-overhead"); the prefill, whose width follows the prompts, then runs eagerly.
+
         Kept on the decoder module, which the pipeline's adapters share (an adapter is rebuilt on every access): a
         device or dtype it moves to fails the compiled code's guards, which compiles anew. Eager stays the
         reference; a pass the backend cannot compile warns once and runs eagerly from then on (`_run`)."""
         if options is None:
             self.decoder.__dict__.pop(COMPILED, None)
         else:
-            self.decoder.__dict__[COMPILED] = torch.compile(self.decoder.forward, **options)
+            static = options.get("dynamic") is False
+            self.decoder.__dict__[COMPILED] = (torch.compile(self.decoder.forward, **options), static)
 
     @property
     def passes_compiled(self) -> bool:
         return COMPILED in self.decoder.__dict__
+
+    @property
+    def static_passes(self) -> bool:
+        """Whether the passes over the image take static shapes (`compile_passes` with dynamic=False)."""
+        return self.decoder.__dict__.get(COMPILED, (None, False))[1]
 
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
@@ -144,6 +157,7 @@ class CausalLMBackbone(ImageBackbone):
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=width,
             length=0,
+            image_slots=grid.sequence_length,
         )
         # Left padding: each row's real tokens take positions 0..len-1; the padding is masked out, by a 4-D mask
         # (transformers would read a 2-D one on the host).
@@ -154,7 +168,7 @@ class CausalLMBackbone(ImageBackbone):
             allowed = causal & mask.bool()[:, None, :]  # [B', P, P]
             attention_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
             attention_mask = attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
-        hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask)
+        hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask, eager=self.static_passes)
         return state, hidden[:, -1]
 
     def embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
@@ -165,18 +179,24 @@ class CausalLMBackbone(ImageBackbone):
     def extend(self, state: KVState, embeds: torch.Tensor) -> torch.Tensor:
         generated = state.length - state.prompt_width  # image tokens already in the cache
         n = embeds.shape[1]
-        position_ids = state.prompt_lengths + torch.arange(generated, generated + n, device=embeds.device)  # [B', n]
+        positions = torch.arange(generated, generated + n, device=embeds.device)  # [n]
+        if self.static_passes:  # at their own slots, attending over all of them: the shapes of every such pass
+            slots = torch.arange(state.image_slots, device=embeds.device)
+            visible = (slots <= positions[:, None]).expand(embeds.shape[0], -1, -1)  # [B', n, S]
+            row_slots = state.prompt_width + positions.expand(embeds.shape[0], -1)
+            write_rows_at(state.cache, row_slots, state.prompt_width + state.image_slots)
+            mask = self._attention_mask(state, visible)
+            return self._run(embeds, state, state.prompt_lengths + positions, mask)
         attention_mask = None
         if state.prompt_mask is not None:  # 4-D: transformers would read a 2-D padding mask on the host every pass
-            positions = torch.arange(generated, generated + n, device=embeds.device)
             visible = torch.arange(generated + n, device=embeds.device) <= positions[:, None]  # [n, T]: causal
             attention_mask = self._attention_mask(state, visible.expand(embeds.shape[0], -1, -1))
-        return self._run(embeds, state, position_ids, attention_mask)
+        return self._run(embeds, state, state.prompt_lengths + positions, attention_mask)
 
     @torch.no_grad()
     def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
         positions = starts[:, None] + torch.arange(embeds.shape[1], device=embeds.device)  # [B', n]
-        slots = torch.arange(length, device=embeds.device)
+        slots = torch.arange(state.image_slots if self.static_passes else length, device=embeds.device)
         # causal, and blind to uncommitted slots beyond: [B', n, T]
         return self.extend_at(state, embeds, positions, slots <= positions[..., None])
 
