@@ -105,7 +105,8 @@ class CausalLMBackbone(ImageBackbone):
             except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
                 if compiled is None:
                     raise
-                self.compile_passes(None)
+                # eager from now on, in the same shapes: a cache written at its rows' slots stays so
+                self.decoder.__dict__[COMPILED] = (None, self.static_passes)
                 warnings.warn(
                     f"torch.compile could not compile this backbone's pass ({type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''}): its passes run eagerly from now on.",
@@ -137,7 +138,7 @@ class CausalLMBackbone(ImageBackbone):
 
     @property
     def passes_compiled(self) -> bool:
-        return COMPILED in self.decoder.__dict__
+        return self.decoder.__dict__.get(COMPILED, (None,))[0] is not None
 
     @property
     def static_passes(self) -> bool:
