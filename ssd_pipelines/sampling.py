@@ -309,11 +309,8 @@ class NoiseTape:
 
     def _draw(self) -> torch.Tensor:
         if isinstance(self.generator, ImageGenerators):  # image b's steps in order, as drawn one by one
-            piece = self.generator.each((self.steps_ahead, self.width)).transpose(0, 1)
-        else:
-            home = self.device if self.generator is None else self.generator.device
-            piece = torch.rand((self.steps_ahead, self.batch, self.width), generator=self.generator, device=home)
-        return to_device(piece, self.device)
+            return to_device(self.generator.each((self.steps_ahead, self.width)).transpose(0, 1), self.device)
+        return uniform((self.steps_ahead, self.batch, self.width), self.generator, self.device)
 
 
 def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:

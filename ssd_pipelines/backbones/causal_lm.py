@@ -166,9 +166,7 @@ class CausalLMBackbone(ImageBackbone):
         attention_mask = None
         if padded:
             causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
-            allowed = causal & mask.bool()[:, None, :]  # [B', P, P]
-            attention_mask = torch.zeros(allowed.shape, dtype=self.dtype, device=mask.device)
-            attention_mask = attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
+            attention_mask = self._additive(causal & mask.bool()[:, None, :])  # [B', 1, P, P]
         hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask, eager=self.static_passes)
         return state, hidden[:, -1]
 
@@ -182,12 +180,11 @@ class CausalLMBackbone(ImageBackbone):
         n = embeds.shape[1]
         positions = torch.arange(generated, generated + n, device=embeds.device)  # [n]
         if self.static_passes:  # at their own slots, attending over all of them: the shapes of every such pass
-            slots = torch.arange(state.image_slots, device=embeds.device)
-            visible = (slots <= positions[:, None]).expand(embeds.shape[0], -1, -1)  # [B', n, S]
-            row_slots = state.prompt_width + positions.expand(embeds.shape[0], -1)
-            write_rows_at(state.cache, row_slots, state.prompt_width + state.image_slots)
-            mask = self._attention_mask(state, visible)
-            return self._run(embeds, state, state.prompt_lengths + positions, mask)
+            visible = torch.arange(state.image_slots, device=embeds.device) <= positions[:, None]  # [n, S]
+            rows = embeds.shape[0]
+            hidden = self.extend_at(state, embeds, positions.expand(rows, -1), visible.expand(rows, -1, -1))
+            state.length = state.prompt_width + generated + n  # extend_at leaves it at the slots' end
+            return hidden
         attention_mask = None
         if state.prompt_mask is not None:  # 4-D: transformers would read a 2-D padding mask on the host every pass
             visible = torch.arange(generated + n, device=embeds.device) <= positions[:, None]  # [n, T]: causal
@@ -226,8 +223,11 @@ class CausalLMBackbone(ImageBackbone):
             prompt = visible.new_ones(batch, n, state.prompt_width)
         else:
             prompt = state.prompt_mask.bool()[:, None, :].expand(-1, n, -1)
-        allowed = torch.cat([prompt, visible], dim=-1)  # [B', n, P + T]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=visible.device)
+        return self._additive(torch.cat([prompt, visible], dim=-1))  # [B', 1, n, P + T]
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Which keys each query may see [B', n, T] -> the additive mask the decoder takes [B', 1, n, T]."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
 
     def rewind(self, state: KVState, length: int) -> None:

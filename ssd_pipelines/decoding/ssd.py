@@ -182,11 +182,15 @@ class SSDDecoding(DecodingStrategy):
             if drafter.reads_left_state:
                 state = torch.zeros_like(row_hidden[:, 0])
             for x in range(0, cols, width):
-                step_left = None if left is None else left[:, None]
-                step_state = None if state is None else state[:, None]
-                drafted = drafter.step(context[:, x : x + width], step_left, step_state, dy).to(h_next.dtype)
-                if dy == 1 and x == 0:
-                    drafted[:, 0] = h_next  # the first cell's distribution is known exactly
+                first = dy == 1 and x == 0  # the first cell's distribution is known exactly
+                if first and width == 1:
+                    drafted = h_next[:, None]  # nothing to draft
+                else:
+                    step_left = None if left is None else left[:, None]
+                    step_state = None if state is None else state[:, None]
+                    drafted = drafter.step(context[:, x : x + width], step_left, step_state, dy).to(h_next.dtype)
+                    if first:
+                        drafted[:, 0] = h_next
                 q = run.probs(drafted)  # [B, width, K]
                 cell = (dy - 1) * cols + x
                 code = sample_with(q, noise[:, cell : cell + width])
