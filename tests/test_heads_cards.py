@@ -16,8 +16,8 @@ from transformers import (
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.backbones import Emu3Backbone, JanusProBackbone, LuminaMGPTBackbone
-from ssd_pipelines.backbones.heads_cards import REPOSITORIES, main
 from ssd_pipelines.benchmarks.backbone_speed import janus_pro_config
+from ssd_pipelines.publishing.heads_cards import REPOSITORIES, main
 
 CARDS = Path(__file__).parent.parent / "hub_cards"
 

@@ -4,7 +4,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.reference.publish import REPO_ID, main
+from ssd_pipelines.publishing.reference import REPO_ID, main
 from ssd_pipelines.testing import tiny_pipeline
 
 

@@ -27,8 +27,8 @@ from tqdm import trange
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.decoding.base import Block, both_branches
+from ssd_pipelines.decoding.options import SamplingConfig
 from ssd_pipelines.heads import DraftHeads
-from ssd_pipelines.sampling import SamplingConfig
 from ssd_pipelines.training.head_loss import HeadLosses
 
 
@@ -65,7 +65,11 @@ class Drafter(nn.Module):
         super().__init__()
         torch.manual_seed(0)  # the same drafter weights with and without W_f
         self.heads = DraftHeads(
-            hidden_size, hidden_size, codebook_size, horizontal_offsets=(), vertical_offsets=(1,),
+            hidden_size,
+            hidden_size,
+            codebook_size,
+            horizontal_offsets=(),
+            vertical_offsets=(1,),
             vertical_drafter="recurrent",
         )
         self.fuse = nn.Linear(extra, hidden_size, bias=False) if fused else None
@@ -75,7 +79,7 @@ class Drafter(nn.Module):
     def forward(self, hidden, extra, embeds):
         """hidden [b, 2, R, C, d], extra [b, 2, R, C, d'], embeds [b, R, C, d] -> the rows below rows 0..R-2."""
         above = hidden[:, :, :-1] if self.fuse is None else hidden[:, :, :-1] + self.fuse(extra[:, :, :-1])
-        branches = lambda e: e.unsqueeze(1).expand(-1, 2, -1, -1, -1)  # noqa: E731
+        branches = lambda e: e.unsqueeze(1).expand(-1, 2, -1, -1, -1)
         return self.heads.draft_below_teacher_forced(
             above, branches(embeds[:, :-1]), branches(embeds[:, 1:]), hidden[:, :, 1:]
         )

@@ -55,9 +55,9 @@ from accelerate.utils import gather_object
 
 from ..backbones.base import ImageBackbone
 from ..decoding import SSDDecoding
-from ..decoding.options import VERIFY_ROUNDS
+from ..decoding.options import VERIFY_ROUNDS, SamplingConfig
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
-from ..sampling import SamplingConfig
+from .backbone_loading import load_image_backbone
 from .distill_data import collect, rollout_images, shard_folder
 from .head_loss import LOSSES, check_offsets, check_true_state_share, heldout_acceptance
 from .head_training import train_heads
@@ -338,27 +338,6 @@ def main(argv: list[str] | None = None) -> None:
         _save(Path(args.out), heads, {"config": vars(args), "processes": processes, **log})
     accelerator.wait_for_everyone()
     accelerator.end_training()
-
-
-def load_image_backbone(
-    model: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> ImageBackbone:
-    """A frozen backbone from whatever `SSDAutoregressivePipeline.from_pretrained` loads (a pipeline, or a
-    published backbone's transformers checkpoint such as deepseek-community/Janus-Pro-7B), or from a folder
-    holding backbone/ (LlamaForCausalLM) and tokenizer/, as the reference trainer writes it."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from ..backbones import LlamaGridBackbone
-    from ..pipeline_ssd import SSDAutoregressivePipeline
-
-    folder = Path(model)
-    if (folder / "backbone").is_dir() and not (folder / "model_index.json").is_file():
-        llama = LlamaForCausalLM.from_pretrained(folder / "backbone", dtype=dtype).to(device).eval()
-        llama.requires_grad_(False)
-        return LlamaGridBackbone(llama, AutoTokenizer.from_pretrained(folder / "tokenizer"))
-    pipe = SSDAutoregressivePipeline.from_pretrained(model, dtype=dtype).to(device)
-    pipe.backbone.requires_grad_(False)
-    return pipe.image_backbone
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from ..backbones.base import ImageBackbone, PromptBatch
 from ..decoding import ARDecoding
 from ..decoding.base import Block, DecodeOutput, DecodingStrategy, both_branches
-from ..sampling import SamplingConfig
+from ..decoding.options import SamplingConfig
 
 
 @dataclass

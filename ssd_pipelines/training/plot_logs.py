@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..benchmarks.plots import pyplot
+from ..plots import pyplot
 
 
 def loss_curve(log: dict, x: str = "step") -> tuple[list[float], list[float]]:

@@ -6,7 +6,7 @@ and a model card made with `huggingface_hub.ModelCard`: the exact training
 command, what it needs, and the status. There are no weights until the heads are
 trained; the card says so, and loading the repository says so too.
 
-    python -m ssd_pipelines.backbones.heads_cards --out hub_cards
+    python -m ssd_pipelines.publishing.heads_cards --out hub_cards
 """
 
 from __future__ import annotations

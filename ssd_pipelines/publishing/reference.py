@@ -1,11 +1,11 @@
 """Assemble the reference model's Hub folder: the pipeline in fp16 safetensors and its model card.
 
-    python -m ssd_pipelines.reference.publish --backbone runs/backbone --vqvae runs/vqvae \
+    python -m ssd_pipelines.publishing.reference --backbone runs/backbone --vqvae runs/vqvae \
         --heads runs/heads --benchmark docs/reference_benchmark.md --out hub_cards/ssd-reference
     # new heads for the published backbone: the rest is taken from the pipeline as it is
-    python -m ssd_pipelines.reference.publish --pipeline hub_cards/ssd-reference --heads runs/heads6
+    python -m ssd_pipelines.publishing.reference --pipeline hub_cards/ssd-reference --heads runs/heads6
     # the card alone, after the training notes or the benchmark changed: no weights are written
-    python -m ssd_pipelines.reference.publish --card-only --out hub_cards/ssd-reference
+    python -m ssd_pipelines.publishing.reference --card-only --out hub_cards/ssd-reference
 
 The card is built with `huggingface_hub.ModelCard` from the training logs and the
 benchmark table, so every number in it comes from a command anyone can rerun.
@@ -50,9 +50,9 @@ import torch
 from ssd_pipelines import SSDAutoregressivePipeline
 
 pipe = SSDAutoregressivePipeline.from_pretrained("{repo_id}", dtype=torch.float32)
-out = pipe("a red circle left of a blue square", decoding="ssd", verify_rounds=1,
-           generator=torch.Generator().manual_seed(0))
-out.images[0].save("out.png")
+out = pipe("a red circle left of a blue square", generator=torch.Generator().manual_seed(0))
+out.images[0].save("out.png")  # decoding="auto": lossless, the model's own distribution in fewer passes
+fast = pipe("a red circle left of a blue square", decoding="ssd", verify_rounds=2)  # lossy, fewest passes
 ```
 
 ## Components
