@@ -7,12 +7,13 @@ two replicas of a local Ray that the session starts (tests/ray_cluster.py); ever
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import socket
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -133,17 +134,19 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as response:
             return json.load(response)
 
-    def post(self, body, timeout: float = REQUEST_S) -> tuple[int, dict | bytes, dict]:
-        """(status, JSON or PNG bytes, headers); HTTP errors are answers too."""
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + "/generate", data=data, headers={"Content-Type": "application/json"}
-        )
+    def post(self, body: dict, timeout: float = REQUEST_S) -> tuple[int, dict | bytes, dict]:
+        """(status, JSON or PNG bytes, headers) of a POST /generate; HTTP errors are answers too."""
+        return self.send("POST", "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}, timeout)
+
+    def send(self, method: str, path: str, data: bytes = b"", headers: dict | None = None, timeout: float = 60):
+        """Any request, as given: http.client adds no Content-Type of its own (urllib adds a form's)."""
+        connection = http.client.HTTPConnection(urllib.parse.urlsplit(self.url).netloc, timeout=timeout)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                status, payload, headers = response.status, response.read(), dict(response.headers)
-        except urllib.error.HTTPError as error:
-            status, payload, headers = error.code, error.read(), dict(error.headers)
+            connection.request(method, path, body=data, headers=headers or {})
+            response = connection.getresponse()
+            status, payload, headers = response.status, response.read(), dict(response.getheaders())
+        finally:
+            connection.close()
         if headers.get("content-type", headers.get("Content-Type", "")).startswith("application/json"):
             payload = json.loads(payload)
         return status, payload, headers
@@ -250,6 +253,8 @@ def test_health_and_info(server):
         ({"prompt": "a red circle", "num_images": 2.5}, {"num_images_per_prompt": 2.5}),
         ({"prompt": "a red circle", "temperature": -1}, {"temperature": -1}),
         ({"prompt": "a red circle", "verify_rounds": 1.5}, {"verify_rounds": 1.5}),
+        ({"prompt": "a red circle", "decoding": "exact", "window": 10**9}, {"decoding": "exact", "window": 10**9}),
+        ({"prompt": "a red circle", "guidance_scale": 1e308}, {"guidance_scale": 1e308}),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v),
 )
@@ -268,12 +273,147 @@ def test_bad_input_gets_400_with_the_pipelines_message(server, pipe, body, direc
         ({"seed": 1}, "prompt: Field required"),
         ({"prompt": "a red circle", "num_images": 2, "response": "png"}, "ask response='json'"),
         ({"prompt": "a red circle", "num_images": 9}, "at most 8 images a request"),
-        (b"{not json", "the body is not JSON"),
     ],
 )
 def test_bodies_the_pipeline_never_sees_get_400_too(server, body, says):
     status, answer, _ = server.post(body, timeout=60)
     assert status == 400 and says in answer["error"]
+
+
+EXAMPLE = '{"prompt": "a red circle"}'
+SEND_JSON = f"send a JSON object such as {EXAMPLE} with Content-Type: application/json."
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    "method, path, data, headers, status, error",
+    [
+        ("POST", "/generate", b"", JSON, 400, f"the body is empty: {SEND_JSON}"),
+        (
+            "POST",
+            "/generate",
+            b'{"prompt": "a red circle"}',
+            {"Content-Type": "text/plain"},
+            400,
+            f"the body was sent as text/plain, not as JSON: {SEND_JSON}",
+        ),
+        (  # what `curl -d` sends unless told otherwise
+            "POST",
+            "/generate",
+            b'{"prompt": "a red circle"}',
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            400,
+            f"the body was sent as application/x-www-form-urlencoded, not as JSON: {SEND_JSON}",
+        ),
+        (
+            "POST",
+            "/generate",
+            b'{"prompt": "a red circle"}',
+            {},
+            400,
+            f"the body was sent without a Content-Type, not as JSON: {SEND_JSON}",
+        ),
+        (
+            "POST",
+            "/generate",
+            b"{not json",
+            JSON,
+            400,
+            f"the body is not JSON (Expecting property name enclosed in double quotes at character 1): {SEND_JSON}",
+        ),
+        (
+            "POST",
+            "/generate",
+            '{"prompt": "un café"}'.encode("latin-1"),
+            JSON,
+            400,
+            "the body is not UTF-8 (byte 0xe9 at position 18): encode it in UTF-8.",
+        ),
+        (  # Python's json gives up with a RecursionError
+            "POST",
+            "/generate",
+            b"[" * 5000 + b"]" * 5000,
+            JSON,
+            400,
+            f"the body is nested too deeply to be a request: send a flat JSON object such as {EXAMPLE}.",
+        ),
+        (
+            "POST",
+            "/generate",
+            b'[{"prompt": "a red circle"}]',
+            JSON,
+            400,
+            f"the body is an array, not a JSON object: send an object such as {EXAMPLE}.",
+        ),
+        (
+            "POST",
+            "/generate",
+            b'"a red circle"',
+            JSON,
+            400,
+            f"the body is a string, not a JSON object: send an object such as {EXAMPLE}.",
+        ),
+        (
+            "GET",
+            "/generat",
+            b"",
+            {},
+            404,
+            "there is no GET /generat: use POST /generate, GET /health or GET /info (see GET /docs).",
+        ),
+        ("GET", "/generate", b"", {}, 405, "GET /generate is not allowed: send POST /generate."),
+        ("POST", "/health", b"", {}, 405, "POST /health is not allowed: send GET /health."),
+    ],
+    ids=[
+        "empty",
+        "text",
+        "form",
+        "no-content-type",
+        "not-json",
+        "not-utf8",
+        "nested-5000",
+        "array",
+        "string",
+        "no-route",
+        "get-generate",
+        "post-health",
+    ],
+)
+def test_every_error_is_one_sentence_under_error(server, method, path, data, headers, status, error):
+    """Whatever refuses a request (our checks, FastAPI's body parsing, Starlette's routing), the answer has one
+    shape: {"error": a sentence that says what to change}, never FastAPI's `detail`."""
+    answered, answer, _ = server.send(method, path, data, headers)
+    assert (answered, answer) == (status, {"error": error})
+
+
+def test_a_fault_nothing_caught_answers_500_in_the_same_shape():
+    """Outside a replica the ingress cannot find its server: an unforeseen fault, answered as JSON, not plain text."""
+    from ray_cluster import require_ray
+
+    require_ray()
+    from fastapi.testclient import TestClient
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    from ssd_pipelines.serving.deployment import api
+
+    with pytest.raises(RayServeException) as fault:
+        serve.get_replica_context()
+    answer = TestClient(api, raise_server_exceptions=False).get("/health")
+    assert answer.status_code == 500 and answer.json() == {
+        "error": f"the server failed (RayServeException: {fault.value}): "
+        "retry the request, and report the fault if it happens again."
+    }
+
+
+def test_the_openapi_docs_show_the_error_shape(server):
+    """The docs still serve, and document the one error shape instead of FastAPI's 422 with `detail`."""
+    assert server.send("GET", "/docs")[0] == 200
+    status, spec, _ = server.send("GET", "/openapi.json")
+    responses = spec["paths"]["/generate"]["post"]["responses"]
+    assert status == 200 and "422" not in responses
+    assert responses["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}
+    assert spec["components"]["schemas"]["ErrorAnswer"]["required"] == ["error"]
 
 
 def test_sixteen_concurrent_requests_are_answered_in_batches_and_seeds_hold(server, pipe):

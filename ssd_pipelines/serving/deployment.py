@@ -8,7 +8,9 @@
 A request is validated on arrival (`request.prepare`: the pipeline's own checks; HTTP 400 with its message),
 then waits for `@serve.batch` to collect it with others (up to `max_batch_size`, at most `batch_wait_timeout_s`),
 and the batch runs in a worker thread (`batching.run_batch`: one pipeline call per group of identical options).
-Each answer's `stats["serving"]` says what batch it ran in and how long it queued and decoded.
+Each answer's `stats["serving"]` says what batch it ran in and how long it queued and decoded. Every error answers
+`{"error": one sentence that says what to change}`, whatever refused the request (our checks, FastAPI's reading
+of the body, Starlette's routing) or failed.
 With `exact_max_batch="measure"` each replica times `exact` against `ar` once at start-up (serving/crossover.py)
 and uses the crossover for the `auto` requests that leave `exact_max_batch` out; an int is used as given.
 `build_app(...)` makes the application; `ssd-serve` (serving/cli.py) runs it.
@@ -18,11 +20,13 @@ and uses the crossover for the `auto` requests that leave `exact_max_batch` out;
 # (a string) FastAPI under Serve's ingress took the body for a required query parameter and refused every request.
 import asyncio
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.deployment import Application
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..decoding.options import EXACT_MAX_BATCH
 from .batching import Generated, run_batch
@@ -34,27 +38,89 @@ from .responses import as_json, png_bytes, png_headers
 
 DEPLOYMENT_NAME = "SSDServer"
 
+EXAMPLE = '{"prompt": "a red circle"}'  # the smallest request, for the messages that say what to send
+SEND_JSON = f"send a JSON object such as {EXAMPLE} with Content-Type: application/json"
+JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+RETRY = "retry the request, and report the fault if it happens again"
+
+
+class ErrorAnswer(BaseModel):
+    """Every error the API answers, whatever its status: one sentence that says what to change."""
+
+    error: str = Field(description="what was wrong and what to change, in one sentence")
+
+
 api = FastAPI(
     title="ssd-pipelines",
     description="Text-to-image with Spatially Speculative Decoding, batched on Ray Serve (docs/serving.md).",
+    responses={
+        "4XX": {"model": ErrorAnswer, "description": "a bad request: what to change"},
+        "5XX": {"model": ErrorAnswer, "description": "a fault of the server: retry"},
+    },
 )
 
 
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message}, headers=headers)
+
+
 @api.exception_handler(RequestValidationError)
-async def _bad_body(request, error: RequestValidationError) -> JSONResponse:
-    """A body that is not a `GenerateRequest` is a bad request (400) too, said field by field."""
-    return _error(400, "; ".join(map(_field_error, error.errors())))
+async def _bad_body(request: Request, error: RequestValidationError) -> JSONResponse:
+    """A body that is not a `GenerateRequest` is a bad request (400) too: field by field, or what the body is."""
+    return _error(400, "; ".join(_field_error(request, e) for e in error.errors()))
 
 
-def _field_error(error: dict) -> str:
-    if error["type"] == "json_invalid":
-        return f"the body is not JSON ({error.get('ctx', {}).get('error', error['msg'])}): send a JSON object"
-    field = ".".join(str(part) for part in error["loc"] if part != "body") or "body"
-    return f"{field}: {error['msg']}"
+def _field_error(request: Request, error: dict) -> str:
+    where, kind = error["loc"][1:], error["type"]  # loc: ("body", field, ...), or ("body", position) for bad JSON
+    if kind == "json_invalid":
+        return f"the body is not JSON ({error['ctx']['error']} at character {where[0]}): {SEND_JSON}."
+    if where:
+        return ".".join(map(str, where)) + f": {error['msg']}"
+    if kind == "missing":
+        return f"the body is empty: {SEND_JSON}."
+    if kind == "model_attributes_type" and isinstance(error["input"], bytes):  # FastAPI parses only JSON types
+        sent = request.headers.get("content-type", "").split(";")[0].strip()
+        return f"the body was sent {f'as {sent}' if sent else 'without a Content-Type'}, not as JSON: {SEND_JSON}."
+    if kind == "model_attributes_type":
+        return f"the body is {JSON_KINDS[type(error['input'])]}, not a JSON object: send an object such as {EXAMPLE}."
+    return f"the body is not a request ({error['msg']}): {SEND_JSON}."
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": message})
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own refusals (no such route, a wrong method, a body it cannot read), in our shape."""
+    return _error(error.status_code, _http_message(request, error), error.headers)
+
+
+def _http_message(request: Request, error: StarletteHTTPException) -> str:
+    path = request.url.path
+    if error.status_code == 404:
+        return f"there is no {request.method} {path}: use POST /generate, GET /health or GET /info (see GET /docs)."
+    if error.status_code == 405:
+        allowed = " or ".join(sorted((error.headers or {}).get("Allow", "").split(", ")))
+        return f"{request.method} {path} is not allowed: send {allowed} {path}."
+    cause = error.__cause__  # FastAPI answers "There was an error parsing the body"; what it caught says why
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start]
+        return f"the body is not UTF-8 (byte 0x{byte:02x} at position {cause.start}): encode it in UTF-8."
+    if isinstance(cause, RecursionError):
+        return f"the body is nested too deeply to be a request: send a flat JSON object such as {EXAMPLE}."
+    if cause is not None:
+        return f"the body could not be read ({type(cause).__name__}: {cause}): {SEND_JSON}."
+    return str(error.detail)
+
+
+@api.exception_handler(Exception)
+async def _server_fault(request: Request, error: Exception) -> JSONResponse:
+    """A fault nothing else caught answers 500 in the same shape, not Starlette's plain text."""
+    return _error(500, f"the server failed ({type(error).__name__}: {error}): {RETRY}.")
 
 
 @serve.deployment(name=DEPLOYMENT_NAME, max_ongoing_requests=16)
@@ -111,7 +177,7 @@ class SSDServer:
         "/generate",
         responses={
             200: {"content": {"image/png": {}}, "description": "the image (png) or images, codes and stats (json)"},
-            400: {"description": "a bad request, with the pipeline's message"},
+            400: {"model": ErrorAnswer, "description": "a bad request, with the pipeline's message"},
         },
     )
     async def generate(self, body: GenerateRequest):
@@ -123,7 +189,7 @@ class SSDServer:
         if isinstance(outcome, ValueError):
             return _error(400, str(outcome))
         if isinstance(outcome, Exception):
-            return _error(500, f"generation failed: {type(outcome).__name__}: {outcome}")
+            return _error(500, f"generation failed ({type(outcome).__name__}: {outcome}): {RETRY}.")
         outcome.stats["serving"]["replica"] = self.replica
         outcome.stats["serving"]["exact_max_batch"] = self.exact_max_batch  # the server's, for auto
         if job.response == "png":
@@ -153,11 +219,12 @@ def build_app(
     exact_max_batch: int | str | None = None,
 ) -> Application:
     """The application `serve.run` takes: `num_replicas` replicas (default 1; or `autoscaling_config`, passed
-    to Serve as it is), each holding the pipeline of `model` (default: the reference model, offline) with `ray_actor_options`
-    (default: one CPU per torch thread). A replica takes up to `max_ongoing_requests` requests at once (default:
-    twice `max_batch_size`, so that one batch fills while another decodes); beyond `max_queued_requests` waiting,
-    Serve answers 503. `exact_max_batch`: `auto`'s crossover for requests that leave it out: an int, "measure"
-    (each replica times exact against ar at start-up, about half a minute on a CPU), or None (the default, 3)."""
+    to Serve as it is), each holding the pipeline of `model` (default: the reference model, offline) with
+    `ray_actor_options` (default: one CPU per torch thread). A replica takes up to `max_ongoing_requests` requests
+    at once (default: twice `max_batch_size`, so that one batch fills while another decodes); beyond
+    `max_queued_requests` waiting, Serve answers 503. `exact_max_batch`: `auto`'s crossover for requests that leave
+    it out: an int, "measure" (each replica times exact against ar at start-up, about half a minute on a CPU), or
+    None (the default, 3)."""
     if max_batch_size < 1 or batch_wait_timeout_s < 0:
         raise ValueError(
             f"max_batch_size must be >= 1 and batch_wait_timeout_s >= 0, got {max_batch_size}, {batch_wait_timeout_s}."
