@@ -1,23 +1,19 @@
-"""Finding what a name points at, and loading it: a local folder or a Hub repository; a pipeline, drafting heads,
-or the transformers checkpoint of a supported backbone (e.g. deepseek-community/Janus-Pro-7B).
+"""Names to files: what a name points at (a local folder or a Hub repository; a pipeline, drafting heads, or the
+transformers checkpoint of a supported backbone, e.g. deepseek-community/Janus-Pro-7B), and its files on disk.
 
-Only the two small config files are fetched to tell the kinds apart; then just
-the folders of the components that `model_index.json` names (or a checkpoint's
-configs, tokenizer and safetensors) are downloaded, never pickled weights. Before anything is loaded, every component must have its
-config and weights: transformers would otherwise build a default (7B) config for
-a model whose config.json is missing. Hub failures are turned into errors that
-say what to do. `SSDAutoregressivePipeline.from_pretrained` and `.load_heads` are thin wrappers over
-`load_pipeline` and `heads_for`.
+Only the two small config files are fetched to tell the kinds apart; then just the folders of the components that
+`model_index.json` names (or a checkpoint's configs, tokenizer and safetensors) are downloaded, never pickled
+weights. Before anything is loaded, every component must have its config and weights: transformers would otherwise
+build a default (7B) config for a model whose config.json is missing. Hub failures are turned into errors that say
+what to do. Loading the files is `loading.py`'s job; assembling a pipeline from them, `pipeline_ssd.py`'s.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from diffusers.configuration_utils import ConfigMixin
@@ -30,9 +26,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import validate_repo_id
-from safetensors import SafetensorError
 from transformers import (
-    AutoTokenizer,
     FeatureExtractionMixin,
     ImageProcessingMixin,
     PreTrainedTokenizerBase,
@@ -42,19 +36,10 @@ from transformers import (
 from .backbones import model_class_for
 from .heads import DraftHeads
 
-if TYPE_CHECKING:
-    from diffusers import VQModel
-    from transformers import PreTrainedModel
-
-    from .pipeline_ssd import SSDAutoregressivePipeline
-
 HUB_MODEL = "ssd-pipelines/ssd-reference"
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token")
-DEVICE_MAP_OPTIONS = ("device_map", "max_memory", "offload_folder")  # accelerate, through transformers
 HEADS_CLASS = DraftHeads.__name__
-# What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
-WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, ValueError, json.JSONDecodeError)
 PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
 # A transformers checkpoint: configs, sharded safetensors and their index, tokenizer files, chat templates.
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
@@ -71,22 +56,6 @@ COMPONENT_CONFIGS = (
 def default_model() -> str:
     """The reference model shipped in this repository when installed from it, else its Hub repository."""
     return str(BUNDLED_MODEL) if (BUNDLED_MODEL / "model_index.json").is_file() else HUB_MODEL
-
-
-def _register_with_diffusers() -> None:
-    """Let diffusers save, download and load our `DraftHeads` component as it does its own and transformers'.
-
-    Without this, diffusers records a component from an unknown library under its module path and, loading
-    from the Hub, looks for that module as a remote code file.
-    """
-    from diffusers.pipelines import pipeline_loading_utils as loading
-
-    methods = {DraftHeads.__name__: ["save_pretrained", "from_pretrained"]}
-    loading.LOADABLE_CLASSES.setdefault(__name__.split(".")[0], methods)
-    loading.ALL_IMPORTABLE_CLASSES.update(methods)
-
-
-_register_with_diffusers()
 
 
 @dataclass(frozen=True)
@@ -110,121 +79,6 @@ def resolve_source(name_or_path: str, **hub_options) -> Source:
         return Source(kind, _download(name_or_path, CHECKPOINT_FILES, **hub_options))
     components = [f"{name}/*" for name in pipeline_components(probed)]
     return Source(kind, _download(name_or_path, ["model_index.json", *components], **hub_options))
-
-
-def load_pipeline(
-    cls: type[SSDAutoregressivePipeline], name_or_path: str | Path, heads, base_loader, **kwargs
-) -> SSDAutoregressivePipeline:
-    """`cls.from_pretrained` (its docstring says what it takes): `cls` builds the pipeline, so subclasses load as
-    themselves; `base_loader` is diffusers' `DiffusionPipeline.from_pretrained` bound to `cls`, which reads a
-    pipeline folder."""
-    if kwargs.pop("use_safetensors", True) is not True:
-        raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
-    if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
-        kwargs["dtype"] = torch.float32
-    hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
-    placement = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
-    name = str(name_or_path)
-    source = resolve_source(name, **hub_options)
-    if source.kind == "heads":
-        if heads is not None:
-            raise ValueError(f"{name_or_path} is a heads repository: pass a pipeline with heads=..., not both.")
-        heads = load_heads(source.location)
-        if not heads.config.base_model:
-            raise ValueError(f"the heads in {name_or_path} do not name their base model: pass it, with heads=.")
-        hub_options.pop("revision", None)  # the revision was the heads'
-        return cls.from_pretrained(heads.config.base_model, heads=heads, **hub_options, **placement, **kwargs)
-    if source.kind == "checkpoint":
-        pipe = _from_checkpoint(cls, Path(source.location), name, placement, **kwargs)
-    else:
-        pipe = _from_pipeline_folder(base_loader, Path(source.location), name, placement, **kwargs)
-    pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
-    if placement:
-        _place_beside_backbone(pipe)
-    if heads is not None:
-        pipe.load_heads(heads, **hub_options)
-    return pipe
-
-
-def heads_for(pipe: SSDAutoregressivePipeline, heads: DraftHeads | str | Path, **hub_options) -> DraftHeads:
-    """`pipe.load_heads`: the heads, from a folder or repository if named, beside the backbone's last layer and
-    checked to be made for it."""
-    if not isinstance(heads, DraftHeads):
-        source = resolve_source(str(heads), **hub_options)
-        if source.kind != "heads":
-            raise ValueError(f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository.")
-        heads = load_heads(source.location)
-    backbone = pipe.image_backbone
-    # torch's own `to`: diffusers 0.42's warns on every dtype cast that modules "should be kept in float32: []",
-    # naming none (huggingface/diffusers#13872); heads keep no float32 modules.
-    heads = torch.nn.Module.to(heads, device=backbone.device, dtype=pipe.backbone.dtype)
-    heads.check_compatible(backbone)
-    base = heads.config.base_model
-    ours = pipe.config.get("_name_or_path")
-    if base and ours and not Path(ours).exists() and base != ours:
-        raise ValueError(
-            f"these heads were trained for {base!r}, not for {ours!r}: load the heads trained for {ours!r}."
-        )
-    return heads
-
-
-def _from_pipeline_folder(base_loader, folder: Path, name: str, placement: dict, **kwargs) -> SSDAutoregressivePipeline:
-    check_components(folder, name)
-    if placement and "backbone" not in kwargs:  # diffusers places whole components; a device map splits one
-        library, class_name = pipeline_components(folder)["backbone"]
-        model_class = getattr(importlib.import_module(library), class_name)
-        kwargs["backbone"] = _load_model(model_class, folder / "backbone", name, _dtype(kwargs), placement)
-    try:
-        pipe = base_loader(folder, use_safetensors=True, **kwargs)
-    except WEIGHTS_FAULTS as error:
-        raise ValueError(
-            f"could not load the pipeline {name}: {loading_error(error)}. Its weights must be readable "
-            "safetensors files that match their config.json: re-download them (force_download=True) or "
-            "re-save the pipeline."
-        ) from error
-    if pipe.heads is not None:
-        check_heads_complete(pipe.heads, folder / "heads")
-    return pipe
-
-
-def _from_checkpoint(
-    cls, folder: Path, name: str, placement: dict, vqvae: VQModel | None = None, **kwargs
-) -> SSDAutoregressivePipeline:
-    """A pipeline around a supported backbone's transformers checkpoint: its model and tokenizer, its own VQ
-    decoder (Janus-Pro, Emu3) or `vqvae` (Lumina-mGPT), no heads."""
-    dtype = _dtype(kwargs)
-    unknown = set(kwargs) - {"dtype", "torch_dtype"}
-    if unknown:
-        raise ValueError(f"unknown options for a transformers checkpoint: {sorted(unknown)}.")
-    check_checkpoint(folder, name)
-    model_class = model_class_for(read_json(folder / "config.json")["model_type"])
-    backbone = _load_model(model_class, folder, name, dtype, placement)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return cls(backbone, tokenizer, None if vqvae is None else vqvae.to(dtype=dtype).eval())
-
-
-def _place_beside_backbone(pipe: SSDAutoregressivePipeline) -> None:
-    """Heads and VQ decoder on the device of the backbone's last layer, where their inputs are computed."""
-    device = pipe.image_backbone.device
-    for name in ("heads", "vqvae"):
-        module = getattr(pipe, name)
-        if module is not None:
-            pipe.register_modules(**{name: module.to(device)})
-
-
-def _dtype(kwargs: dict) -> torch.dtype:
-    return kwargs.get("dtype") or kwargs.get("torch_dtype")
-
-
-def _load_model(model_class, folder: Path, name: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
-    """A transformers model from safetensors, spread over devices by accelerate when `placement` has a device_map."""
-    try:
-        return model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **placement).eval()
-    except WEIGHTS_FAULTS as error:
-        raise ValueError(
-            f"could not load the backbone of {name}: {loading_error(error)}. Its weights must be readable "
-            "safetensors files that match its config.json: re-download them (force_download=True)."
-        ) from error
 
 
 def read_json(path: Path) -> dict:
@@ -294,43 +148,6 @@ def check_checkpoint(folder: Path, name: str) -> None:
             + (f" (only {', '.join(pickled)}: pickled checkpoints are never loaded)" if pickled else "")
             + ". Use a revision of the checkpoint that has safetensors, or convert it once and pass the folder."
         )
-
-
-def load_heads(folder: str | Path) -> DraftHeads:
-    """Drafting heads from a folder, from safetensors only; damaged or incomplete weights say so."""
-    if not any(Path(folder).glob("*.safetensors")):
-        raise ValueError(
-            f"the drafting heads in {folder} have a config.json but no weights (diffusion_pytorch_model.safetensors): "
-            "a published heads repository without weights is not trained yet (see its model card); train them "
-            "with ssd_pipelines.training.distill, or pass heads that have weights."
-        )
-    try:
-        heads, info = DraftHeads.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
-    except WEIGHTS_FAULTS as error:
-        raise ValueError(
-            f"could not load drafting heads from {folder}: {loading_error(error)}. The heads need config.json and "
-            "diffusion_pytorch_model.safetensors that match it; re-download them (force_download=True) or re-save them."
-        ) from error
-    check_heads_complete(heads, folder, missing=info["missing_keys"])
-    return heads
-
-
-def check_heads_complete(heads: DraftHeads, folder, missing: list[str] = ()) -> None:
-    """Heads whose config promises more offsets than the weights hold are left half on `meta`: refuse them."""
-    missing = sorted(set(missing) | {n for n, p in heads.named_parameters() if p.is_meta})
-    if missing:
-        raise ValueError(
-            f"the drafting heads in {folder} are incomplete: their config.json describes weights the "
-            f"safetensors file does not hold ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). "
-            "Re-download the heads, or re-save them with save_pretrained so config and weights agree."
-        )
-
-
-def loading_error(error: Exception) -> str:
-    """A loader's message without its advice to pass `ignore_mismatched_sizes`, which would give random weights."""
-    sentences = re.split(r"(?<=[.!])\s+", str(error).strip())
-    advice = ("ignore_mismatched_sizes", "low_cpu_mem_usage", "For more information")
-    return " ".join(s for s in sentences if not any(a in s for a in advice)).rstrip(". ")
 
 
 def _check_hub_name(name: str, folder: Path) -> None:

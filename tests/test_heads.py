@@ -24,13 +24,14 @@ def test_drafting_shapes(heads):
 
 
 def test_save_and_load_round_trip_as_safetensors(heads, tmp_path):
+    heads.register_to_config(base_model="org/tiny-llama")
     heads.save_pretrained(tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["config.json", "diffusion_pytorch_model.safetensors"]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["hidden_size"] == 32 and config["embed_size"] == 32 and config["codebook_size"] == 8
     assert config["horizontal_offsets"] == [1, 2, 3, 4, 5] and config["vertical_offsets"] == [1, 2]
-    assert config["base_model"] == "tests/tiny-llama"
+    assert config["base_model"] == "org/tiny-llama"
     loaded = DraftHeads.from_pretrained(tmp_path)
     h, e = torch.randn(4, 32), torch.randn(4, 32)
     torch.testing.assert_close(loaded.draft_right(h, e, 5), heads.draft_right(h, e, 5))

@@ -2,13 +2,16 @@
 
 import json
 import logging
+import shutil
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from diffusers import DDPMScheduler
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.hub import load_heads
+from ssd_pipelines.loading import load_heads
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
 
 
@@ -171,3 +174,33 @@ def test_loading_heads_into_a_bf16_pipeline_casts_them_without_a_warning(saved, 
     pipe.load_heads(saved / "heads")  # stored in float32
     assert next(pipe.heads.parameters()).dtype == torch.bfloat16
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
+
+
+@pytest.mark.parametrize("base_model", ["deepseek-community/Janus-Pro-7B", "/elsewhere/another-model"])
+def test_heads_naming_another_backbone_whose_shapes_fit_warn(tmp_path, base_model):
+    """Issue 40: they loaded without a word, and then the backbone rejects their drafts."""
+    heads = shutil.copytree(REFERENCE / "heads", tmp_path / "heads")
+    config = json.loads((heads / "config.json").read_text())
+    (heads / "config.json").write_text(json.dumps({**config, "base_model": base_model}))
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE)
+    with pytest.warns(UserWarning) as warned:
+        pipe.load_heads(heads)
+    assert [str(w.message) for w in warned] == [
+        (
+            f"these heads were trained for {base_model!r} and this pipeline was loaded from {str(REFERENCE)!r}: their "
+            f"shapes fit, but unless {str(REFERENCE)!r} is a copy of {base_model!r} the backbone will reject most of "
+            "their drafts ('exact' and 'auto' stay lossless but slow, 'ssd' draws worse images). Load the heads trained "
+            "for this backbone."
+        )
+    ]
+
+
+def test_heads_of_a_local_copy_of_their_base_model_load_without_a_word(tmp_path):
+    """The published reference heads name ssd-pipelines/ssd-reference; this folder is a copy of it by that name."""
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe.load_heads(REFERENCE / "heads")
