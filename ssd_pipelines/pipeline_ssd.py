@@ -12,8 +12,8 @@ pipeline neither corrupt nor stop each other.
 
 from __future__ import annotations
 
-import numbers
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -27,11 +27,13 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .backbones import ImageBackbone, adapter_for
-from .decoding import DEFAULT_DECODING, UNDECODED, check_options, make_strategy, options_for, strategy_class
+from .backbones import ImageBackbone, ImageGrid, adapter_for
+from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
-from .hub import heads_for, load_pipeline
-from .sampling import SamplingConfig
+from .hub import HUB_OPTIONS, check_checkpoint, check_components, resolve_source
+from .loading import load_checkpoint, load_heads, load_pipeline_folder
+from .memory import check_batch_fits
+from .request import OUTPUT_TYPES, GenerationRequest
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -47,7 +49,7 @@ EXAMPLE_DOC_STRING = """
         ```
 """
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+DEVICE_MAP_OPTIONS = ("device_map", "max_memory", "offload_folder")  # accelerate, through transformers
 
 
 @dataclass
@@ -118,12 +120,72 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. vqvae: a VQ decoder for a
         checkpoint that has none inside (Lumina-mGPT: `load_chameleon_vqgan`).
         """
-        return load_pipeline(cls, pretrained_model_name_or_path, heads, super().from_pretrained, **kwargs)
+        if kwargs.pop("use_safetensors", True) is not True:
+            raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
+        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None) or torch.float32
+        hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
+        placement = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
+        name = str(pretrained_model_name_or_path)
+        source = resolve_source(name, **hub_options)
+        folder = Path(source.location)
+        if source.kind == "heads":  # load the base model the heads name, with them
+            if heads is not None:
+                raise ValueError(f"{name} is a heads repository: pass a pipeline with heads=..., not both.")
+            heads = load_heads(folder)
+            if not heads.config.base_model:
+                raise ValueError(f"the heads in {name} do not name their base model: pass it, with heads=.")
+            hub_options.pop("revision", None)  # the revision was the heads'
+            return cls.from_pretrained(
+                heads.config.base_model, heads=heads, dtype=dtype, **hub_options, **placement, **kwargs
+            )
+        if source.kind == "checkpoint":
+            pipe = cls._from_checkpoint(folder, name, dtype, placement, **kwargs)
+        else:
+            check_components(folder, name)
+            base_loader = super().from_pretrained
+            pipe = load_pipeline_folder(base_loader, folder, name, placement, dtype=dtype, **kwargs)
+        pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
+        if placement:
+            pipe._place_beside_backbone()
+        if heads is not None:
+            pipe.load_heads(heads, **hub_options)
+        return pipe
+
+    @classmethod
+    def _from_checkpoint(cls, folder: Path, name: str, dtype, placement: dict, vqvae: VQModel | None = None, **kwargs):
+        """A pipeline around a supported backbone's transformers checkpoint: its model and tokenizer, its own VQ
+        decoder (Janus-Pro, Emu3) or `vqvae` (Lumina-mGPT), no heads."""
+        if kwargs:
+            raise ValueError(f"unknown options for a transformers checkpoint: {sorted(kwargs)}.")
+        check_checkpoint(folder, name)
+        backbone, tokenizer = load_checkpoint(folder, name, dtype, placement)
+        return cls(backbone, tokenizer, None if vqvae is None else vqvae.to(dtype=dtype).eval())
+
+    def _place_beside_backbone(self) -> None:
+        """Heads and VQ decoder on the device of the backbone's last layer, where their inputs are computed."""
+        device = self.image_backbone.device
+        for name in ("heads", "vqvae"):
+            module = getattr(self, name)
+            if module is not None:
+                self.register_modules(**{name: module.to(device)})
 
     def load_heads(self, heads: DraftHeads | str | Path, **hub_options) -> None:
         """Plug drafting heads (a `DraftHeads`, a folder or a repository id) into the pipeline after checking they
         were made for this backbone."""
-        self.register_modules(heads=heads_for(self, heads, **hub_options))
+        if not isinstance(heads, DraftHeads):
+            source = resolve_source(str(heads), **hub_options)
+            if source.kind != "heads":
+                raise ValueError(
+                    f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
+                )
+            heads = load_heads(source.location)
+        backbone = self.image_backbone
+        # torch's own `to`: diffusers 0.42's warns on every dtype cast that modules "should be kept in float32: []",
+        # naming none (huggingface/diffusers#13872); heads keep no float32 modules.
+        heads = torch.nn.Module.to(heads, device=backbone.device, dtype=self.backbone.dtype)
+        heads.check_compatible(backbone)
+        _check_base_model(heads.config.base_model, self.config.get("_name_or_path"))
+        self.register_modules(heads=heads)
 
     @property
     def image_backbone(self) -> ImageBackbone:
@@ -152,56 +214,15 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
     def interrupt(self) -> bool:
         return self._interrupt
 
-    def check_inputs(
-        self,
-        prompt,
-        negative_prompt,
-        num_images_per_prompt,
-        height,
-        width,
-        generator,
-        decoding,
-        verify_rounds,
-        vertical_rows,
-        window,
-        output_type,
-        callback_tensor_inputs,
-        exact_max_batch=None,
-    ) -> tuple[list[str], list[str] | None]:
-        """Raise a `ValueError` that says what to pass instead; return the prompts and negatives as lists."""
-        prompts = _as_prompt_list(prompt)
-        if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+    def check_inputs(self, request: GenerationRequest, callback_tensor_inputs=()) -> ImageGrid:
+        """Check a request against this pipeline's components (what `GenerationRequest.build` could not judge);
+        return the grid it asks for, or raise a `ValueError` that says what to pass instead."""
+        if strategy_class(request.decoding).needs_heads and self.heads is None:
             raise ValueError(
-                f"`prompt` must be a non-empty string or a list of them, got {prompt!r}: describe the image."
-            )
-        negatives = None if negative_prompt is None else _as_prompt_list(negative_prompt)
-        if negatives is not None:
-            if not all(isinstance(n, str) for n in negatives):
-                raise ValueError(f"`negative_prompt` must be a string or a list of strings, got {negative_prompt!r}.")
-            if len(negatives) != len(prompts):
-                raise ValueError(
-                    f"got {len(negatives)} negative prompts for {len(prompts)} prompts: pass one per prompt."
-                )
-        _check_integer("num_images_per_prompt", num_images_per_prompt, minimum=1)
-        for name, value in (("height", height), ("width", width)):
-            if value is not None:
-                _check_integer(name, value, minimum=1, hint="or None for the model's own size")
-        _check_generator(generator, len(prompts), num_images_per_prompt)
-        check_options(
-            decoding,
-            verify_rounds=verify_rounds,
-            vertical_rows=vertical_rows,
-            window=window,
-            exact_max_batch=exact_max_batch,
-        )
-        if strategy_class(decoding).needs_heads and self.heads is None:
-            raise ValueError(
-                f"decoding={decoding!r} needs drafting heads and this pipeline has none: "
+                f"decoding={request.decoding!r} needs drafting heads and this pipeline has none: "
                 "load them with `pipe.load_heads(...)` or `from_pretrained(..., heads=...)`, or use decoding='ar'."
             )
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"unknown output_type {output_type!r}: choose one of {', '.join(OUTPUT_TYPES)}.")
-        if output_type != "latent" and not self.image_backbone.can_decode:
+        if request.output_type != "latent" and not self.image_backbone.can_decode:
             raise ValueError(
                 "this pipeline has no VQ decoder (vqvae): ask for output_type='latent' to get the codes, or load "
                 "one (from_pretrained(..., vqvae=...))."
@@ -211,7 +232,15 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             raise ValueError(
                 f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not available: use {self._callback_tensor_inputs}."
             )
-        return prompts, negatives
+        grid = self.image_backbone.grid_for_size(request.height, request.width)
+        window = request.options.get("window")
+        if window is not None and window > grid.sequence_length:
+            raise ValueError(
+                f"window={window} is wider than the whole image, {grid.sequence_length} positions "
+                f"({grid.rows} rows of {grid.row_length}): pass at most {grid.sequence_length}, which verifies the "
+                "whole image in each pass."
+            )
+        return grid
 
     @torch.no_grad()
     def __call__(
@@ -274,39 +303,39 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 `pipe._interrupt = True` there stops this call (no other), and raising stops it too.
         Examples:
         """
-        prompts, negatives = self.check_inputs(
+        request = GenerationRequest.build(
             prompt,
             negative_prompt,
             num_images_per_prompt,
             height,
             width,
+            guidance_scale,
+            temperature,
+            top_k,
+            top_p,
             generator,
             decoding,
-            verify_rounds,
-            vertical_rows,
-            window,
             output_type,
-            callback_on_step_end_tensor_inputs,
-            exact_max_batch,
-        )
-        backbone = self.image_backbone
-        # 1. The grid, the sampling path and the strategy
-        grid = backbone.grid_for_size(height, width)
-        if guidance_scale is None:
-            guidance_scale = backbone.default_guidance_scale
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        options = options_for(
-            decoding,
             verify_rounds=verify_rounds,
             vertical_rows=vertical_rows,
             window=window,
             exact_max_batch=exact_max_batch,
         )
-        strategy = make_strategy(decoding, self.heads, **options)
+        # 1. The grid, the sampling path and the strategy
+        grid = self.check_inputs(request, callback_on_step_end_tensor_inputs)
+        backbone = self.image_backbone
+        sampling = request.sampling_for(backbone.default_guidance_scale)
+        strategy = make_strategy(request.decoding, self.heads, **request.options)
+        check_batch_fits(backbone, request.num_images, sampling.uses_guidance, grid)  # before tokenizing them all
         # 2. The prompt batch (conditional rows, then unconditional ones when guided)
         batch = backbone.encode_prompts(
-            prompts, negatives, num_images_per_prompt, guidance=sampling.uses_guidance, grid=grid
+            list(request.prompts),
+            None if request.negative_prompts is None else list(request.negative_prompts),
+            request.num_images_per_prompt,
+            guidance=sampling.uses_guidance,
+            grid=grid,
         )
+        check_batch_fits(backbone, batch.batch_size, batch.guidance, grid, prompt_width=batch.input_ids.shape[1])
         # 3. Decode, row by row
         self._interrupt = False
         with self.progress_bar(total=grid.rows) as progress:
@@ -317,7 +346,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                     callback_on_step_end(self, row, row, {"codes": codes})
                 return self.interrupt
 
-            decoded = strategy.decode(backbone, batch, sampling, generator=generator, callback=on_row, grid=grid)
+            decoded = strategy.decode(
+                backbone, batch, sampling, generator=request.generator, callback=on_row, grid=grid
+            )
         # 4. Codes -> pixels
         images = decoded.codes if output_type == "latent" else self.decode_codes(decoded.codes, output_type)
         self.maybe_free_model_hooks()
@@ -360,8 +391,9 @@ def _check_codes(codes, backbone: ImageBackbone) -> None:
     elif codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
         got = f"a tensor of {codes.dtype}"
     elif codes.dim() != 3:
-        hint = " (for one image, pass codes[None])" if codes.dim() == 2 else ""
-        got = f"a tensor of shape {list(codes.shape)}{hint}"
+        got = f"a tensor of shape {list(codes.shape)}{_reshape_hint(codes, backbone)}"
+    elif codes.shape[0] == 0:
+        got = "no images (a batch of 0)"
     elif not _makes_grid(backbone, *codes.shape[1:]):
         got = f"a {codes.shape[1]} x {codes.shape[2]} grid"
     elif codes.numel() and not UNDECODED <= codes.min() <= codes.max() < native.codebook_size:
@@ -375,6 +407,16 @@ def _check_codes(codes, backbone: ImageBackbone) -> None:
     )
 
 
+def _reshape_hint(codes: torch.Tensor, backbone: ImageBackbone) -> str:
+    """How to make [B, R, C] of a tensor of another rank: one grid gains its batch, flat codes their rows."""
+    native = backbone.grid
+    if codes.dim() == 2 and _makes_grid(backbone, *codes.shape):
+        return " (for one image, pass codes[None])"
+    if codes.dim() in (1, 2) and codes.shape[-1] and codes.shape[-1] % native.num_cells == 0:
+        return f" (for flat codes of the default size, pass codes.reshape(-1, {native.rows}, {native.cols}))"
+    return ""
+
+
 def _makes_grid(backbone: ImageBackbone, rows: int, cols: int) -> bool:
     """Whether the backbone makes images of a rows x cols grid: one size only, or several (Emu3, Lumina-mGPT)."""
     (height, width), native = backbone.image_size, backbone.grid
@@ -385,34 +427,23 @@ def _makes_grid(backbone: ImageBackbone, rows: int, cols: int) -> bool:
     return (grid.rows, grid.cols) == (rows, cols)
 
 
-def _check_generator(generator, num_prompts: int, num_images_per_prompt) -> None:
-    """None, one torch.Generator, or a list (or tuple) of one per image; else a ValueError saying what to pass."""
-    if generator is None or isinstance(generator, torch.Generator):
+def _check_base_model(base: str | None, ours: str | None) -> None:
+    """Heads name the model they were distilled from: refuse them for another Hub model, and warn when the pipeline
+    came from a folder of another name (shapes that fit do not make drafts the backbone accepts)."""
+    if not base or not ours or base == ours:
         return
-    images = num_prompts * num_images_per_prompt
-    expected = (
-        f"one torch.Generator for the whole batch, or a list of {images} (len(prompt) * num_images_per_prompt = "
-        f"{num_prompts} * {num_images_per_prompt}), one per image"
-    )
-    listed = isinstance(generator, (list, tuple))
-    if not listed or len(generator) != images:
-        got = f"a list of {len(generator)}" if listed else f"a {type(generator).__name__}"
-        raise ValueError(f"`generator` must be {expected}; got {got}.")
-    wrong = next(((i, g) for i, g in enumerate(generator) if not isinstance(g, torch.Generator)), None)
-    if wrong is not None:
+    if not Path(ours).exists():
         raise ValueError(
-            f"`generator` must be {expected}; item {wrong[0]} is a {type(wrong[1]).__name__}: pass "
-            "torch.Generator(device).manual_seed(seed) for each image."
+            f"these heads were trained for {base!r}, not for {ours!r}: load the heads trained for {ours!r}."
         )
-
-
-def _as_prompt_list(prompt) -> list:
-    return [prompt] if isinstance(prompt, str) else list(prompt) if isinstance(prompt, (list, tuple)) else [prompt]
-
-
-def _check_integer(name: str, value, minimum: int, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}{' ' + hint if hint else ''}, got {value!r}.")
+    if Path(ours).name != base.rstrip("/").split("/")[-1]:
+        warnings.warn(
+            f"these heads were trained for {base!r} and this pipeline was loaded from {ours!r}: their shapes fit, "
+            f"but unless {ours!r} is a copy of {base!r} the backbone will reject most of their drafts ('exact' and "
+            "'auto' stay lossless but slow, 'ssd' draws worse images). Load the heads trained for this backbone.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 SSDAutoregressivePipeline.__call__.__doc__ += EXAMPLE_DOC_STRING

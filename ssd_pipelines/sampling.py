@@ -16,68 +16,14 @@ same codes.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How a cell's token is drawn from the backbone's image-codebook logits.
-
-    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
-    top_k / top_p: keep the k most likely codes / the smallest set of codes whose
-        probability reaches p. None keeps everything.
-    guidance_scale: classifier-free guidance weight; > 1 runs a conditional and an
-        unconditional branch in one batch, 1 runs the conditional branch alone.
-    """
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    guidance_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "guidance_scale", "top_p"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise ValueError(f"{name} must be a number, got {value!r}.")
-            if value is not None and not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}: pass a real value.")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)):
-            raise ValueError(f"top_k must be a positive integer or None to disable it, got {self.top_k!r}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be a positive integer or None to disable it, got {self.top_k}.")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1] (1 or None disables it), got {self.top_p}.")
-        if self.guidance_scale < 1.0:
-            raise ValueError(
-                f"guidance_scale must be >= 1 (1 disables classifier-free guidance), got {self.guidance_scale}."
-            )
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def uses_guidance(self) -> bool:
-        """Whether the batch carries an unconditional branch behind the conditional one."""
-        return self.guidance_scale > 1.0
-
-    def warpers(self) -> LogitsProcessorList:
-        """transformers' warpers for top-k and top-p, applied after guidance and temperature."""
-        warpers = LogitsProcessorList()
-        if self.top_k is not None:
-            warpers.append(TopKLogitsWarper(self.top_k))
-        if self.top_p is not None and self.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(self.top_p))
-        return warpers
+if TYPE_CHECKING:
+    from .decoding.options import SamplingConfig  # a declaration; the maths only reads its fields
 
 
 def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
@@ -111,11 +57,21 @@ def _guided(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 def _processed(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Guided, tempered and warped logits (top-k / top-p leave -inf), before the softmax."""
     logits = _guided(logits, config) / config.temperature
-    warpers = config.warpers()
+    warpers = logits_warpers(config)
     if warpers:
         flat = logits.reshape(-1, logits.shape[-1])  # [N, K]: the warpers work on 2-D scores
         logits = warpers(None, flat).reshape(logits.shape)
     return logits
+
+
+def logits_warpers(config: SamplingConfig) -> LogitsProcessorList:
+    """transformers' warpers for top-k and top-p, applied after guidance and temperature."""
+    warpers = LogitsProcessorList()
+    if config.top_k is not None:
+        warpers.append(TopKLogitsWarper(config.top_k))
+    if config.top_p is not None and config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(config.top_p))
+    return warpers
 
 
 class ImageGenerators:
@@ -133,8 +89,8 @@ class ImageGenerators:
         wrong = next((i for i, g in enumerate(self.generators) if not isinstance(g, torch.Generator)), None)
         if wrong is not None:  # a ValueError, as every other check of a call's inputs
             raise ValueError(
-                f"generator {wrong} of the list is a {type(self.generators[wrong]).__name__}, not a torch.Generator: "
-                "pass one torch.Generator(device).manual_seed(seed) per image."
+                f"`generator` must be a list of torch.Generators, one per image; item {wrong} is a "
+                f"{type(self.generators[wrong]).__name__}: pass torch.Generator(device).manual_seed(seed) for each image."
             )
 
     def __len__(self) -> int:
@@ -181,19 +137,20 @@ RandomSource = torch.Generator | ImageGenerators | None
 """Where a decoding's noise comes from: one generator for the batch, one per image, or torch's global one."""
 
 
-def random_source(generator, batch_size: int) -> RandomSource:
+def random_source(generator, batch_size: int, counted: str = "") -> RandomSource:
     """A caller's `generator` as a `RandomSource` for a batch of `batch_size` images: None, one torch.Generator, or
-    one per image (a list or tuple of them, or `ImageGenerators`). A ValueError says what to pass otherwise."""
+    one per image (a list or tuple of them, or `ImageGenerators`). A ValueError says what to pass otherwise;
+    `counted` says how the caller's batch size comes about, e.g. "len(prompt) * num_images_per_prompt = 2 * 2"."""
     if generator is None or isinstance(generator, torch.Generator):
         return generator
-    source = ImageGenerators(generator) if isinstance(generator, (list, tuple)) else generator
-    if not isinstance(source, ImageGenerators) or len(source) != batch_size:
-        got = f"{len(source)} generators" if isinstance(source, ImageGenerators) else f"a {type(generator).__name__}"
+    listed = isinstance(generator, (list, tuple, ImageGenerators))
+    if not listed or len(generator) != batch_size:
+        got = f"a list of {len(generator)}" if listed else f"a {type(generator).__name__}"
         raise ValueError(
-            f"`generator` must be a torch.Generator or a list of {batch_size}, one per image; got {got}: pass one "
-            "torch.Generator per image, or one for the whole batch."
+            f"`generator` must be one torch.Generator for the whole batch, or a list of {batch_size}"
+            f"{f' ({counted})' if counted else ''}, one per image; got {got}."
         )
-    return source
+    return generator if isinstance(generator, ImageGenerators) else ImageGenerators(generator)
 
 
 def uniform(

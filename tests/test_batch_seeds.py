@@ -190,9 +190,9 @@ def test_strategies_take_a_list_and_check_its_length(pipe):
     from ssd_pipelines import ARDecoding, SamplingConfig
 
     prompts = backbone.encode_prompts(PROMPTS[:2])
-    with pytest.raises(ValueError, match="a list of 2, one per image; got 3 generators"):
+    with pytest.raises(ValueError, match="or a list of 2, one per image; got a list of 3"):
         ARDecoding().decode(backbone, prompts, SamplingConfig(), generator=seeded(1, 2, 3))
-    with pytest.raises(ValueError, match="generator 0 of the list is a str, not a torch.Generator"):
+    with pytest.raises(ValueError, match="item 0 is a str: pass torch.Generator"):
         ARDecoding().decode(backbone, prompts, SamplingConfig(), generator=["seed", torch.Generator()])
 
 

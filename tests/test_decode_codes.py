@@ -24,8 +24,26 @@ def pipe():
         (GOOD[:, None], "a tensor of shape [2, 1, 4, 4]"),
         (GOOD.tolist(), "a list"),
         (GOOD[:, :3], "a 3 x 4 grid"),
+        (GOOD[:0], "no images (a batch of 0)"),  # diffusers' attention failed on it
+        (
+            GOOD.reshape(2, 16),
+            "a tensor of shape [2, 16] (for flat codes of the default size, pass codes.reshape(-1, 4, 4))",
+        ),
+        (GOOD.reshape(32), "a tensor of shape [32] (for flat codes of the default size, pass codes.reshape(-1, 4, 4))"),
     ],
-    ids=["out-of-range", "below-minus-one", "float", "bool", "2-D", "4-D", "list", "other-grid"],
+    ids=[
+        "out-of-range",
+        "below-minus-one",
+        "float",
+        "bool",
+        "2-D",
+        "4-D",
+        "list",
+        "other-grid",
+        "empty",
+        "flat",
+        "1-D",
+    ],
 )
 def test_codes_the_decoder_cannot_draw_say_what_to_pass(pipe, codes, got):
     with pytest.raises(ValueError) as caught:

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
+from ssd_pipelines.decoding.options import MAX_GUIDANCE_SCALE, SamplingConfig
 from ssd_pipelines.sampling import (
     ImageGenerators,
     NoiseTape,
-    SamplingConfig,
     residual,
     reweighted,
     sample,
@@ -44,12 +44,26 @@ def test_top_k_and_top_p_keep_the_right_codes():
         ({"top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
         ({"top_k": 0}, "top_k must be a positive integer"),
         ({"temperature": -1.0}, "temperature must be >= 0"),
-        ({"guidance_scale": 0.5}, "guidance_scale must be >= 1"),
+        ({"guidance_scale": 0.5}, r"guidance_scale must lie in \[1, 10000\] \(1 disables"),
+        (
+            {"guidance_scale": 1e308},
+            (
+                r"guidance_scale must lie in \[1, 10000\] .* past 10000 each cell already takes its likeliest code, so "
+                r"it no longer changes the image\), got 1e\+308"
+            ),
+        ),
+        ({"guidance_scale": 10_001.0}, r"guidance_scale must lie in \[1, 10000\]"),
     ],
 )
 def test_bad_sampling_settings_say_what_to_change(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs)
+
+
+def test_the_largest_guidance_scale_still_draws_from_finite_probabilities():
+    logits = torch.randn(2, 5, 512) * 20  # conditional row, then unconditional
+    probs = target_probs(logits, SamplingConfig(guidance_scale=MAX_GUIDANCE_SCALE))
+    assert probs.isfinite().all() and torch.allclose(probs.sum(-1), torch.ones(1, 5))
 
 
 def test_residual_keeps_only_the_mass_p_has_beyond_q():

@@ -179,6 +179,11 @@ class ImageBackbone(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compile its passes.")
 
     @abstractmethod
+    def memory_per_row(self, prompt_width: int, grid: ImageGrid) -> int:
+        """A lower bound on the bytes one row of a prompt batch needs while it decodes `grid`: its key/value cache
+        and the prefill's activations (`memory.check_batch_fits` refuses a batch that cannot fit)."""
+
+    @abstractmethod
     def rewind(self, state: KVState, length: int) -> None:
         """Drop everything the cache holds beyond `length` tokens."""
 

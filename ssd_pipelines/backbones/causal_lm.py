@@ -19,7 +19,7 @@ import transformers
 from packaging.version import Version
 from torch import nn
 
-from .base import ImageBackbone, KVState, PromptBatch
+from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from .kv_cache import preallocated_cache, write_rows_at
 
 # The pre-norm hidden states of the pass running in this thread (or asyncio task), if one asked for them.
@@ -229,6 +229,17 @@ class CausalLMBackbone(ImageBackbone):
         """Which keys each query may see [B', n, T] -> the additive mask the decoder takes [B', 1, n, T]."""
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
+
+    def memory_per_row(self, prompt_width: int, grid: ImageGrid) -> int:
+        config = self.decoder.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        itemsize = self.dtype.itemsize
+        cache = 2 * config.num_hidden_layers * kv_heads * head_dim * (prompt_width + grid.sequence_length) * itemsize
+        # the prefill's hidden state in and out and its MLP's inner one, and its [P, P] mask
+        prefill = prompt_width * (2 * config.hidden_size + config.intermediate_size) * itemsize
+        return cache + prefill + prompt_width * prompt_width * itemsize
 
     def rewind(self, state: KVState, length: int) -> None:
         if length < state.prompt_width or length > state.length:

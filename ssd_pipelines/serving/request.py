@@ -1,15 +1,14 @@
 """One generation request: its JSON body (a pydantic model) and its validation against the pipeline, into a `Job`.
 
-Validation runs before a request joins a batch, with the pipeline's own checks (`check_inputs`, the backbone's
-sizes, `SamplingConfig`), so a bad request is refused with the pipeline's `ValueError` text and never fails a batch
-of good ones. The decoding options a body may carry are read from the strategies' declarations
+Validation runs before a request joins a batch, with the pipeline's own checks (`GenerationRequest.build`, then
+`pipe.check_inputs`), so a bad request is refused with the pipeline's `ValueError` text and never fails a batch of
+good ones. The decoding options a body may carry are read from the strategies' declarations
 (`ssd_pipelines.decoding`), not from a table kept here. Numbers are passed on as the client sent them, so that
 the pipeline refuses `num_images=2.5` instead of the server truncating it.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,20 +16,11 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, create_model
 
-from ..decoding import DEFAULT_DECODING, STRATEGIES, check_options, options_for, strategy_class
-from ..sampling import SamplingConfig
+from ..decoding.catalog import DECODINGS, DEFAULT_DECODING, decoding_options, options_for
+from ..request import GenerationRequest
+from ..seeds import MAX_SEED, check_seed
 
 Number = StrictInt | StrictFloat  # kept as sent: ints stay ints, 2.5 stays 2.5 for the pipeline to refuse
-MAX_SEED = 2**63 - 1
-
-
-def decoding_options() -> dict:
-    """Every option any decoding declares, by name: its declaration (the first strategy's, for the schema)."""
-    found: dict = {}
-    for cls in STRATEGIES.values():
-        for option in cls.options:
-            found.setdefault(option.name, option)
-    return found
 
 
 class _RequestFields(BaseModel):
@@ -40,7 +30,9 @@ class _RequestFields(BaseModel):
 
     prompt: StrictStr = Field(description="what to draw")
     negative_prompt: StrictStr | None = Field(None, description="what guidance steers away from")
-    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description="image j is drawn from the seed + j")
+    seed: StrictInt = Field(
+        0, ge=0, le=MAX_SEED, description="image j is drawn from the seed + j (ssd_pipelines.seeds)"
+    )
     num_images: Number | None = Field(None, description="images for the prompt (default 1)")
     num_images_per_prompt: Number | None = Field(None, description="the pipeline's name for num_images")
     decoding: StrictStr = Field(DEFAULT_DECODING, description="a strategy of ssd_pipelines.decoding (GET /info)")
@@ -62,7 +54,7 @@ GenerateRequest = create_model(
     __doc__="The JSON body of POST /generate.",
     **{
         name: (Number | None, Field(None, description=f"decoding option: {option.about} (default {option.default})"))
-        for name, option in decoding_options().items()
+        for name, (option, _) in decoding_options().items()
     },
 )
 
@@ -128,15 +120,26 @@ def prepare(pipe, request: _RequestFields, limits: Limits = Limits(), option_def
     them out and whose decoding takes them."""
     values = request.model_dump()
     options = {name: values[name] for name in decoding_options()}
-    takes = (
-        {option.name for option in strategy_class(request.decoding).options} if request.decoding in STRATEGIES else ()
-    )
+    takes = DECODINGS[request.decoding].option_names() if request.decoding in DECODINGS else ()
     for name, value in (option_defaults or {}).items():
         if options.get(name) is None and name in takes:
             options[name] = value
     num_images = _num_images(values["num_images"], values["num_images_per_prompt"])
-    _check_inputs(pipe, request, num_images, options)  # in the pipeline's order, with its messages
-    check_options(request.decoding, **options)  # any option its signature does not name yet
+    call = GenerationRequest.build(
+        request.prompt,
+        request.negative_prompt,
+        num_images,
+        request.height,
+        request.width,
+        request.guidance_scale,
+        request.temperature,
+        request.top_k,
+        request.top_p,
+        decoding=request.decoding,
+        **options,
+    )
+    grid = pipe.check_inputs(call)
+    check_seed(request.seed, count=num_images)
     if num_images > limits.max_images_per_request:
         raise ValueError(
             f"num_images={num_images}: this server draws at most {limits.max_images_per_request} images a request; "
@@ -148,11 +151,7 @@ def prepare(pipe, request: _RequestFields, limits: Limits = Limits(), option_def
             "(base64 PNGs), or num_images=1."
         )
     backbone = pipe.image_backbone
-    grid = backbone.grid_for_size(request.height, request.width)
-    guidance = backbone.default_guidance_scale if request.guidance_scale is None else request.guidance_scale
-    sampling = SamplingConfig(
-        temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, guidance_scale=guidance
-    )
+    sampling = call.sampling_for(backbone.default_guidance_scale)
     negatives = None if request.negative_prompt is None else [request.negative_prompt]
     batch = backbone.encode_prompts([request.prompt], negatives, 1, guidance=sampling.uses_guidance, grid=grid)
     return Job(
@@ -163,10 +162,10 @@ def prepare(pipe, request: _RequestFields, limits: Limits = Limits(), option_def
         decoding=request.decoding,
         options=_with_defaults(request.decoding, options),
         sampling={
-            "guidance_scale": guidance,
-            "temperature": request.temperature,
-            "top_k": request.top_k,
-            "top_p": request.top_p,
+            "guidance_scale": sampling.guidance_scale,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
         },
         height=request.height,
         width=request.width,
@@ -189,30 +188,7 @@ def _with_defaults(decoding: str, options: dict) -> dict:
     """The options `decoding` takes, each default filled in (the strategy uses it for None anyway), so that
     requests that leave an option out and requests that pass its default share a call."""
     chosen = options_for(decoding, **options)
-    for option in strategy_class(decoding).options:
+    for option in DECODINGS[decoding].options:
         if option.name not in chosen and option.default is not None:
             chosen[option.name] = option.default
     return chosen
-
-
-def _check_inputs(pipe, request: _RequestFields, num_images, options: dict) -> None:
-    """`pipe.check_inputs`, its arguments bound by name (its signature grows with the decodings' options)."""
-    known = {
-        "prompt": request.prompt,
-        "negative_prompt": request.negative_prompt,
-        "num_images_per_prompt": num_images,
-        "height": request.height,
-        "width": request.width,
-        "generator": None,
-        "decoding": request.decoding,
-        "output_type": "pil",
-        "callback_tensor_inputs": (),
-        **options,
-    }
-    arguments = {}
-    for name, parameter in inspect.signature(pipe.check_inputs).parameters.items():
-        if name in known:
-            arguments[name] = known[name]
-        elif parameter.default is inspect.Parameter.empty:
-            raise TypeError(f"pipe.check_inputs takes {name!r}, which the server does not know: update serving.")
-    pipe.check_inputs(**arguments)
