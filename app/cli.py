@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
+from ssd_pipelines.devices import DEFAULT_HELP, check_device
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")  # torch's names: parsing imports no torch, so --help answers at once
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,9 +24,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: the reference model, the bundled copy first)",
     )
     parser.add_argument("--heads", default=None, help="drafting heads (folder or repository) to use instead")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU (faster there), else float16"
+        "--device", default=None, help=f"torch device, e.g. cpu, cuda, cuda:1 (default: {DEFAULT_HELP})"
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default=None, help="default: float32 on CPU (faster there), else float16"
     )
     parser.add_argument(
         "--threads",
@@ -61,15 +63,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.max_queue < 1:
         parser.error("--concurrency and --max-queue must be >= 1")
+    try:
+        args.device = check_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
 def load_pipeline(args: argparse.Namespace):
     """The pipeline the whole server shares, on its device and dtype."""
+    import torch
+
     from ssd_pipelines import SSDAutoregressivePipeline
     from ssd_pipelines.hub import default_model
 
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.float16)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.float16)
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), heads=args.heads, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)  # the page shows the progress
     return pipe.to(args.device)
@@ -77,9 +85,12 @@ def load_pipeline(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import torch
+
+    from .ui import CSS, JS, build_demo
+
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
-    from .ui import CSS, JS, build_demo  # after parsing: --help stays fast
 
     try:
         pipe = load_pipeline(args)

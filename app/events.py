@@ -16,11 +16,14 @@ import gradio as gr
 from ssd_pipelines import SSDPipelineOutput
 from ssd_pipelines.acceptance import acceptance_map
 from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, decoding_label, option_default
+from ssd_pipelines.seeds import check_seed
 
 from . import render
 from .runner import Finished, Settings, StopFlags, stream
 
 OUTPUTS = ("seed", "preview", "status", "images", "maps", "plot", "stats", "ar_images", "comparison")
+# The page's seeds: its Seed box's maximum and the range random seeds are drawn from, a subset of `check_seed`'s (short
+# to copy, and exact in a browser, whose numbers are exact only up to 2**53). A call's seed is checked by `check_seed`.
 MAX_SEED = 2**32 - 1
 
 
@@ -62,8 +65,10 @@ class DemoEvents:
             message = f"Compare with AR decodes ar beside another decoding: choose decoding {others}."
             yield from self._refuse(cleared, message)
         seed = secrets.randbelow(MAX_SEED + 1) if random_seed else whole(seed or 0)  # 0: an emptied Seed box
-        if not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            yield from self._refuse(cleared, f"Seed must be a whole number from 0 to {MAX_SEED}, got {seed!r}.")
+        try:
+            check_seed(seed, name="Seed")  # the batch draws from one generator seeded `seed`: one seed to check
+        except ValueError as error:
+            yield from self._refuse(cleared, str(error))
         settings = Settings(
             prompt=prompt,
             negative_prompt=negative_prompt,

@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import PIL.Image
 
-from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, strategy_class
+from ssd_pipelines.decoding import DECODINGS, DEFAULT_DECODING, USER_DECODINGS
 from ssd_pipelines.reference.captions import captions
 from ssd_pipelines.reference.scenes import HELDOUT_SEED_START
 
@@ -77,7 +77,7 @@ def _bind(handler: Callable[..., Iterator[dict]], components: dict[str, gr.compo
 
 def _decoding_changed(decoding: str):
     """Grey out the options a decoding does not take (the pipeline rejects them), as the decoding declares them."""
-    takes = strategy_class(decoding).option_names()
+    takes = DECODINGS[decoding].option_names()
     return (
         gr.update(interactive="verify_rounds" in takes),
         gr.update(interactive="vertical_rows" in takes),
@@ -87,8 +87,8 @@ def _decoding_changed(decoding: str):
 
 def decoding_info() -> str:
     """What each decoding does, lossy or lossless, from the strategies' own summaries, and which to pick."""
-    summaries = "; ".join(f"{d}: {strategy_class(d).summary}" for d in USER_DECODINGS)
-    lossless = " and ".join(d for d in USER_DECODINGS if strategy_class(d).lossless)
+    summaries = "; ".join(f"{d}: {DECODINGS[d].summary}" for d in USER_DECODINGS)
+    lossless = " and ".join(d for d in USER_DECODINGS if DECODINGS[d].lossless)
     return (
         f"{summaries}. The default, {DEFAULT_DECODING}, is lossless; pick ssd for the fewest passes when images near "
         f"ar's are enough ({lossless} are lossless)."
@@ -126,7 +126,7 @@ def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.componen
             precision=0,
             minimum=0,
             maximum=MAX_SEED,
-            info="Same seed, same images. Shows the seed used.",
+            info=f"Same seed, same images (0 to {MAX_SEED}). Shows the seed used.",
             elem_id="seed",
         )
         c["random_seed"] = gr.Checkbox(label="Random seed", info="Draw a new seed for each run.", elem_id="random-seed")
@@ -136,8 +136,8 @@ def _controls(grid, max_vertical: int, guidance: float) -> dict[str, gr.componen
     c["decoding"] = gr.Radio(
         list(USER_DECODINGS), value=DEFAULT_DECODING, label="Decoding", info=decoding_info(), elem_id="decoding"
     )
-    rounds, rows = (strategy_class("ssd").option(name) for name in ("verify_rounds", "vertical_rows"))
-    default_takes = strategy_class(DEFAULT_DECODING).option_names()  # the page starts as _decoding_changed leaves it
+    rounds, rows = (DECODINGS["ssd"].option(name) for name in ("verify_rounds", "vertical_rows"))
+    default_takes = DECODINGS[DEFAULT_DECODING].option_names()  # the page starts as _decoding_changed leaves it
     with gr.Row():
         c["verify_rounds"] = gr.Slider(
             rounds.minimum,

@@ -11,18 +11,18 @@ import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.acceptance import format_rates
-from ssd_pipelines.decoding import DEFAULT_DECODING, USER_DECODINGS, decoding_label, options_for, strategy_class
+from ssd_pipelines.decoding import DECODINGS, DEFAULT_DECODING, USER_DECODINGS, decoding_label, options_for
+from ssd_pipelines.seeds import MAX_SEED  # what torch.Generator.manual_seed takes; ComfyUI's samplers allow as much
 
 from .codes import CODES, SSDCodes
 from .images import preview_image, to_comfy_images
 from .loader import PIPELINE
 
-ROUNDS = strategy_class("ssd").option("verify_rounds")  # the node's `rounds`
-K_V = strategy_class("ssd").option("vertical_rows")  # the node's `k_v`
+ROUNDS = DECODINGS["ssd"].option("verify_rounds")  # the node's `rounds`
+K_V = DECODINGS["ssd"].option("vertical_rows")  # the node's `k_v`
 MAX_GUIDANCE = 30.0
 MODEL_GUIDANCE = 0.0  # the guidance input's "the model's own scale"
 LOG = logging.getLogger(__name__)  # propagates to ComfyUI's handler on the root logger, its console and log file
-MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF  # what torch.Generator.manual_seed accepts, as ComfyUI's samplers allow
 
 
 class RowProgress:
@@ -129,7 +129,7 @@ class SSDGenerate:
                     list(USER_DECODINGS),
                     {
                         "default": DEFAULT_DECODING,
-                        "tooltip": "\n".join(f"{name}: {strategy_class(name).summary}" for name in USER_DECODINGS),
+                        "tooltip": "\n".join(f"{name}: {DECODINGS[name].summary}" for name in USER_DECODINGS),
                     },
                 ),
                 "rounds": (

@@ -1,27 +1,41 @@
-"""ssd-pipelines: Spatially Speculative Decoding for autoregressive image generators."""
+"""ssd-pipelines: Spatially Speculative Decoding for autoregressive image generators.
 
-from .backbones import ImageBackbone, ImageGrid, LlamaGridBackbone
-from .decoding import ARDecoding, AutoDecoding, DecodeOutput, DecodeStats, ExactDecoding, SSDDecoding, make_strategy
-from .heads import DraftHeads
-from .pipeline_ssd import SSDAutoregressivePipeline, SSDPipelineOutput
-from .sampling import ImageGenerators, SamplingConfig
+The names below are imported on first use (PEP 562, as diffusers and transformers do), so that importing a light
+submodule, such as the command lines' argument parsers, does not load torch, diffusers and transformers.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ARDecoding",
-    "AutoDecoding",
-    "DecodeOutput",
-    "DecodeStats",
-    "DraftHeads",
-    "ExactDecoding",
-    "ImageBackbone",
-    "ImageGenerators",
-    "ImageGrid",
-    "LlamaGridBackbone",
-    "SSDAutoregressivePipeline",
-    "SSDDecoding",
-    "SSDPipelineOutput",
-    "SamplingConfig",
-    "make_strategy",
-]
+_EXPORTS = {  # name: the module that defines it
+    "ARDecoding": ".decoding",
+    "AutoDecoding": ".decoding",
+    "DecodeOutput": ".decoding",
+    "DecodeStats": ".decoding",
+    "DraftHeads": ".heads",
+    "ExactDecoding": ".decoding",
+    "ImageBackbone": ".backbones",
+    "ImageGenerators": ".sampling",
+    "ImageGrid": ".backbones",
+    "LlamaGridBackbone": ".backbones",
+    "SSDAutoregressivePipeline": ".pipeline_ssd",
+    "SSDDecoding": ".decoding",
+    "SSDPipelineOutput": ".pipeline_ssd",
+    "SamplingConfig": ".decoding.options",
+    "make_strategy": ".decoding",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -6,7 +6,8 @@ ssd-generate "a blue ring" --out out.png --rounds 1 --compare      # AR beside i
 ssd-generate "a blue ring" --out out.png --num-images 4 --compare --grid grid.png  # one labelled sheet of all
 
 Existing files are never overwritten unless --overwrite is given. The decoding's options, their defaults and the
-guidance scale come from the library and the model: nothing here decides them.
+guidance scale come from the library and the model: nothing here decides them. Parsing the arguments imports no
+torch (main loads it with the model), so --help and a usage error answer at once.
 """
 
 from __future__ import annotations
@@ -14,24 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
-import PIL.Image
-import torch
-
-from .acceptance import format_rates
-from .decoding import (
+from .decoding.catalog import (
+    DECODINGS,
     DEFAULT_DECODING,
-    STRATEGIES,
     USER_DECODINGS,
     check_options,
     decoding_label,
+    decoding_options,
     options_for,
-    strategy_class,
 )
-from .hub import HUB_MODEL, default_model
+from .devices import DEFAULT_HELP, check_device
+from .seeds import check_seed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,16 +37,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("prompt", help="what to draw")
     parser.add_argument("--out", required=True, type=Path, help="image file; with several images, -0, -1 ... are added")
     parser.add_argument(
-        "--model", default=None, help=f"pipeline folder or Hub repository (default: {HUB_MODEL}, bundled copy first)"
+        "--model",
+        default=None,
+        help="pipeline folder or Hub repository (default: the reference model, the bundled copy first: offline)",
     )
-    peers = [n for n, cls in STRATEGIES.items() if cls.summary.startswith("peer")]  # their summaries say so
-    ours = [n for n in STRATEGIES if n not in USER_DECODINGS and n not in peers]  # e.g. auto
+    offered = [*USER_DECODINGS, *(n for n, info in DECODINGS.items() if n not in USER_DECODINGS and not info.peer)]
     parser.add_argument(
         "--decoding",
         default=DEFAULT_DECODING,
-        choices=list(STRATEGIES),
-        help="; ".join(f"{name}: {strategy_class(name).summary}" for name in (*USER_DECODINGS, *ours))
-        + f"; or a peer: {', '.join(n for n in STRATEGIES if n not in USER_DECODINGS and n not in ours)}",
+        choices=list(DECODINGS),
+        help="; ".join(f"{name}: {DECODINGS[name].summary}" for name in offered)
+        + f"; or a peer: {', '.join(n for n, info in DECODINGS.items() if info.peer)}",
     )
     for name, (option, takers) in decoding_options().items():
         default = "" if option.default is None else f", default {option.default}"
@@ -60,7 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             default=None,
             help=f"--decoding {' or '.join(takers)}: {option.about}{default}",
         )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the torch.Generator the batch draws from, 0 to 2**64 - 1"
+    )
     parser.add_argument(
         "--guidance",
         type=float,
@@ -71,7 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--num-images", type=int, default=1, help="images for the prompt, decoded as one batch")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", default=None, help=f"torch device, e.g. cpu, cuda, cuda:1 (default: {DEFAULT_HELP})"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -99,17 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--num-images must be >= 1, got {args.num_images}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
-    check_out(parser, args)
+    try:
+        check_seed(args.seed, name="--seed")  # the batch draws from one generator seeded --seed
+        check_out(args)
+        args.device = check_device(args.device)  # the one check that imports torch: the last
+    except ValueError as error:
+        parser.error(str(error))
     return args
-
-
-def decoding_options() -> dict:
-    """Every option of the decodings, by name: (its declaration, the decodings that take it)."""
-    found: dict = {}
-    for decoding, cls in STRATEGIES.items():
-        for option in cls.options:
-            found.setdefault(option.name, (option, []))[1].append(decoding)
-    return found
 
 
 def option_flag(name: str) -> str:
@@ -117,26 +116,45 @@ def option_flag(name: str) -> str:
     return "--rounds" if name == "verify_rounds" else "--" + name.replace("_", "-")
 
 
-def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Before any work: the folder must be one we can write into, the file type one PIL writes, and no file may
-    be overwritten unasked."""
-    for path in (args.out, args.grid):
-        blocking = next((p for p in (path.parents if path else ()) if p.exists() and not p.is_dir()), None)
-        if blocking is not None:
-            parser.error(f"cannot write {path}: {blocking} is a file, not a folder; choose another path")
+def check_out(args: argparse.Namespace) -> None:
+    """Before any work, a ValueError unless every file can be written: its type one PIL writes, its folder one we
+    can write into (or create), and no file overwritten unasked."""
+    import PIL.Image
+
     PIL.Image.init()
-    suffix = args.out.suffix.lower()
     writable = sorted(e for e, f in PIL.Image.registered_extensions().items() if f in PIL.Image.SAVE)
-    if suffix not in writable:
-        parser.error(f"--out {args.out}: cannot write {suffix or 'files without an extension'}; use .png, .jpg, .webp")
+    for flag, path in (("--out", args.out), ("--grid", args.grid)):
+        if path is None:
+            continue
+        if path.suffix.lower() not in writable:
+            raise ValueError(
+                f"{flag} {path}: cannot write {path.suffix or 'files without an extension'}; use .png, .jpg, .webp"
+            )
+        check_folder(flag, path)
     tags = [""] + (["-ar"] if args.compare else [])
-    taken = [str(p) for tag in tags for p in output_paths(args.out, args.num_images, tag) if p.exists()]
-    if args.grid is not None:
-        if args.grid.suffix.lower() not in writable:
-            parser.error(f"--grid {args.grid}: cannot write {args.grid.suffix or 'files without an extension'}")
-        taken += [str(args.grid)] if args.grid.exists() else []
+    files = [p for tag in tags for p in output_paths(args.out, args.num_images, tag)]
+    taken = [p for p in files + ([args.grid] if args.grid is not None else []) if p.exists()]
     if taken and not args.overwrite:
-        parser.error(f"{', '.join(taken)} already exist: pass --overwrite to replace them, or choose another --out")
+        names = ", ".join(map(str, taken))
+        raise ValueError(f"{names} already exist: pass --overwrite to replace them, or choose another --out")
+
+
+def check_folder(flag: str, path: Path) -> None:
+    """A ValueError unless `path`'s folder takes a new file, or the nearest folder that exists takes the new folders.
+    Tried with a temporary file, not read from permission bits, which do not hold for root or a read-only mount."""
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"cannot write {path}: {blocking} is a file, not a folder; choose another path")
+    folder = path.absolute().parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".ssd-generate-"):
+            pass
+    except OSError as error:
+        needs = "write files" if existing == folder else f"create the folder {folder}"
+        raise ValueError(
+            f"{flag} {path}: cannot {needs} in {existing} ({error.strerror}); choose a folder you can write to"
+        ) from None
 
 
 def output_paths(out: Path, count: int, tag: str = "") -> list[Path]:
@@ -147,6 +165,8 @@ def output_paths(out: Path, count: int, tag: str = "") -> list[Path]:
 
 def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[str]]:
     """One decoding run; saves its images and returns its statistics and files."""
+    import torch
+
     with warnings.catch_warnings():  # the output's warnings are printed once, below, not also as Python warnings
         warnings.simplefilter("ignore", UserWarning)
         out = pipe(
@@ -169,6 +189,8 @@ def generate(pipe, args: argparse.Namespace, decoding: str) -> tuple[dict, list[
 
 
 def describe(stats: dict, files: list[str]) -> str:
+    from .acceptance import format_rates
+
     acceptance = format_rates(stats["acceptance_per_round"])
     return (
         f"{decoding_label(stats)}: {stats['forward_passes']} forward passes, {stats['seconds']:.2f} s, "
@@ -178,9 +200,13 @@ def describe(stats: dict, files: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import torch
+
+    from .hub import default_model
+    from .pipeline_ssd import SSDAutoregressivePipeline
+
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
-    from .pipeline_ssd import SSDAutoregressivePipeline  # after parsing: --help stays fast
 
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +256,9 @@ def row_label(args: argparse.Namespace, decoding: str, stats: dict) -> str:
 
 def write_sheet(rows: dict[str, list], args: argparse.Namespace) -> None:
     """The images of every decoding on one labelled sheet: a row per decoding, a column per image."""
-    from .benchmarks.plots import image_grid
+    import numpy as np
+
+    from .plots import image_grid
 
     arrays = {label: np.stack([np.asarray(image.convert("RGB")) for image in images]) for label, images in rows.items()}
     captions = [f"image {i}, seed {args.seed}" for i in range(args.num_images)]

@@ -1,10 +1,15 @@
 import json
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import PIL.Image
 import pytest
+import torch
 
 from ssd_pipelines.cli import main
+from ssd_pipelines.seeds import MAX_SEED
 from ssd_pipelines.testing import tiny_pipeline
 
 
@@ -146,6 +151,82 @@ def test_an_out_path_under_a_file_is_refused_before_loading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"cannot write {tmp_path / 'afile' / 'x.png'}: {tmp_path / 'afile'} is a file, not a folder" in err
     assert "Traceback" not in err
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A folder no file can be created in: a read-only one; for root, whom permissions do not stop, /sys."""
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        folder = Path("/sys")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pytest.skip(f"{folder} takes new files here")
+    except OSError:
+        pass
+    yield folder
+    (tmp_path / "read-only").chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--out", "{folder}/x.png"], "--out {folder}/x.png: cannot write files in {folder} ("),
+        (
+            ["--out", "{folder}/new/x.png"],
+            "--out {folder}/new/x.png: cannot create the folder {folder}/new in {folder} (",
+        ),
+        (
+            ["--out", "{tmp}/x.png", "--grid", "{folder}/g.png"],
+            "--grid {folder}/g.png: cannot write files in {folder} (",
+        ),
+    ],
+)
+def test_an_output_folder_that_cannot_be_written_is_refused_before_loading(tmp_path, capsys, unwritable, argv, says):
+    """Not after decoding, in PIL, with the images lost; --model is never loaded."""
+    with pytest.raises(SystemExit):
+        main(["a", *(arg.format(folder=unwritable, tmp=tmp_path) for arg in argv), "--model", "never-loaded"])
+    err = capsys.readouterr().err
+    assert says.format(folder=unwritable) in err and "choose a folder you can write to" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("device", "says"), [("bogus", "not a torch device"), ("cuda:99", "there is no cuda:99 device here")]
+)
+def test_a_device_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, device, says):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--device", device])
+    err = capsys.readouterr().err
+    assert f"--device {device}: {says}; this machine has cpu" in err and "pass one of those" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_names_the_devices_there_are(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--device", "cuda"])
+    assert "--device cuda: there is no cuda device here; this machine has cpu: pass one of those" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_a_seed_out_of_range_is_refused_in_the_rule_of_every_face(tmp_path, capsys, seed):
+    """seeds.py's rule, as the server and the bulk job apply it: not torch's "Overflow when unpacking long long"."""
+    with pytest.raises(SystemExit):
+        main(["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--seed", seed, "--num-images", "2"])
+    assert f"--seed must be a whole number from 0 to {MAX_SEED}, got {seed}." in capsys.readouterr().err
+
+
+def test_the_largest_seed_serves_a_batch(tmp_path, capsys):
+    """The CLI's images all draw from one generator seeded --seed (unlike the server's seed + j): the largest seed
+    passes with any --num-images, and the call goes on to load the model."""
+    args = ["a", "--out", str(tmp_path / "x.png"), "--model", "never-loaded", "--seed", str(MAX_SEED)]
+    assert main([*args, "--num-images", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "--seed" not in err and "'never-loaded' is no local folder" in err
 
 
 def test_guidance_threads_and_prompt_warnings(model_dir, tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ from app.runner import Settings, StopFlags
 from app.ui import _decoding_changed, build_demo, example_prompts
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.hub import BUNDLED_MODEL
+from ssd_pipelines.seeds import MAX_SEED
 
 PROMPT = "a red circle left of a blue square"
 
@@ -189,6 +190,19 @@ def test_a_random_seed_is_shown_and_redraws_the_same_images(events):
     assert drawn[-1]["seed"] == seed
     again = list(events.generate(PROMPT, seed=seed))
     assert np.array_equal(np.asarray(again[-1]["images"][0][0]), np.asarray(drawn[-1]["images"][0][0]))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, True, 1.5])
+def test_a_seed_out_of_the_rule_of_every_face_is_refused(events, seed):
+    """seeds.py's rule, as the CLI, the server and the bulk job apply it; True is no seed 1."""
+    with pytest.raises(gr.Error, match=f"Seed must be a whole number from 0 to {MAX_SEED}, got {seed!r}"):
+        list(events.generate(PROMPT, seed=seed))
+
+
+def test_the_handler_draws_any_seed_the_rule_takes_past_the_pages_box(events):
+    """The page's Seed box stops at 2**32 - 1 (short, and exact in a browser); the handler checks the rule itself."""
+    final = list(events.generate(PROMPT, seed=2**63, decoding="ar"))[-1]
+    assert final["seed"] == 2**63 and final["status"].startswith("ar: done")
 
 
 def test_stop_flags_belong_to_their_session_and_go_with_the_run():

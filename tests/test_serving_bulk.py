@@ -21,6 +21,7 @@ import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.hub import BUNDLED_MODEL
+from ssd_pipelines.seeds import MAX_SEED
 from ssd_pipelines.serving import bulk
 from ssd_pipelines.serving.bulk_store import BulkOutput
 
@@ -69,6 +70,20 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys):
         with pytest.raises(SystemExit):
             bulk.parse_args([str(prompts), "--out", str(tmp_path / "out"), *argv])
         assert says in capsys.readouterr().err
+
+
+def test_seeds_follow_the_rule_of_every_face_prompt_n_drawing_from_seed_plus_n(tmp_path, capsys):
+    """seeds.py's rule: the last line's seed, seed + N, must stay in range too."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n\na blue square\n")  # three lines: seeds seed .. seed + 2
+    for seed, last in [(-1, MAX_SEED - 2), (MAX_SEED - 1, MAX_SEED - 2)]:
+        with pytest.raises(SystemExit):
+            bulk.parse_args([str(prompts), "--out", str(tmp_path / "out"), "--seed", str(seed)])
+        assert f"--seed must be a whole number from 0 to {last} (image j of 3" in capsys.readouterr().err
+    assert (
+        bulk.parse_args([str(prompts), "--out", str(tmp_path / "out"), "--seed", str(MAX_SEED - 2)]).seed
+        == MAX_SEED - 2
+    )
 
 
 def records(out: Path) -> list[dict]:

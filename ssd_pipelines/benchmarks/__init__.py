@@ -6,7 +6,7 @@ ssd-bench sweep        # AR adherence under guidance, temperature, top-k setting
 ssd-bench peers        # SSD against AR and the published peers: speed, quality, scaling -> docs/benchmarks.md
 ssd-bench window       # exact's passes, positions and seconds against its window size -> docs/exact_window.md
 ssd-bench pipelined    # ssd in row blocks against ssd pipelined on the window: passes, quality -> docs/ssd_pipelined.md
-ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost, targets -> docs/drafters.md
+ssd-bench drafters     # drafting heads against each other: acceptance, passes, Fréchet, drafting cost, targets -> docs/drafters_benchmark.md
 ssd-bench recheck      # exact's re-checks: proposals for a cell after its left neighbour is redrawn -> docs/exact_recheck.md
 ssd-bench serve        # ar, exact and auto on a local Ray Serve app: images/s, p50/p95 latency -> docs/serving_benchmark.md
 ssd-bench gpu          # on a GPU: reference model, Janus-Pro-7B shape, costs per pass, syncs, targets -> docs/gpu.md
@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+
+from . import commands
 
 BENCHMARKS = {
     "exactness": "Distance to AR on an enumerable grid",
@@ -40,16 +42,13 @@ def report(lines: list[str], out: Path, title: str, command: str) -> None:
     out.write_text(f"# {title}\n\nMade by `{command}`.\n\n{table}\n")
 
 
-def add_reference_renders(parser) -> None:
-    """The option of every benchmark that measures a Fréchet distance: how many real renders it compares with."""
-    parser.add_argument(
-        "--reference-renders", type=int, default=1000, help="real renders the Fréchet distance compares with"
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:
         listing = "\n".join(f"  {name:10s} {about}" for name, about in BENCHMARKS.items())
         raise SystemExit(f"usage: ssd-bench {{{','.join(BENCHMARKS)}}} [options]\n{listing}")
-    importlib.import_module(f"{__name__}.{argv[0]}").main(argv[1:])
+    name, options = argv[0], argv[1:]
+    parser = commands.PARSERS[name]()
+    parser.prog = f"ssd-bench {name}"
+    parser.parse_args(options)  # --help and usage errors answer here, before torch loads
+    importlib.import_module(f"{__name__}.{name}").main(options)

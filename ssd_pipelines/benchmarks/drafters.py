@@ -24,9 +24,10 @@ from ..acceptance import format_rates
 from ..heads import DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..plots import pyplot
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import add_reference_renders, plots, report
+from . import commands, report
 from .measure_run import one_image_call, summarize_calls
 from .reference import adherence, paired_difference, versus_baseline
 from .targets import targets_table
@@ -58,17 +59,7 @@ def parse_heads(values: list[str]) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline whose backbone drafts (default: the reference model)")
-    parser.add_argument("--heads", action="append", required=True, help="LABEL=FOLDER of heads; repeat to compare")
-    parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per decoding")
-    parser.add_argument("--images-per-prompt", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
-    parser.add_argument("--repeats", type=int, default=5, help="single-image timings per decoding (median)")
-    parser.add_argument("--guidance", type=float, default=3.0)
-    add_reference_renders(parser)
-    parser.add_argument("--out", type=Path, default=Path("docs/drafters.md"))
-    args = parser.parse_args(argv)
+    args = commands.drafters_parser().parse_args(argv)
     heads = parse_heads(args.heads)
 
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
@@ -137,7 +128,7 @@ def table(rows: list[dict], args: argparse.Namespace) -> list[str]:
 
 def acceptance_and_frechet(rows: list[dict], out: Path) -> None:
     """Two panels against passes per image: first-round acceptance, and Fréchet distance (AR as a line)."""
-    plt = plots.pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     ar = rows[0]
     markers = {"ssd r=2": "o", "ssd r=1": "s", "ssd W=17 r=4": "D", "ssd W=17 r=6": "v", "exact": "^"}

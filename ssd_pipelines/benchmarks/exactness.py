@@ -13,12 +13,10 @@ sees a small bias spread over many images that TV hides in its noise.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -37,9 +35,10 @@ from ..decoding import (
     ZipARDecoding,
 )
 from ..decoding.base import Block, both_branches
-from ..sampling import SamplingConfig, target_probs
+from ..decoding.options import SamplingConfig
+from ..sampling import target_probs
 from ..testing import tiny_backbone, tiny_heads
-from . import report
+from . import commands, report
 
 TOY_PROMPT = "a"
 
@@ -161,11 +160,7 @@ def toy_strategies(heads) -> dict[str, DecodingStrategy]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=100_000, help="grids drawn per strategy (one batch)")
-    parser.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale")
-    parser.add_argument("--out", type=Path, default=Path("docs/exactness.md"), help="where the table is written")
-    args = parser.parse_args(argv)
+    args = commands.exactness_parser().parse_args(argv)
 
     backbone, heads = toy_setup()
     sampling = SamplingConfig(temperature=1.0, guidance_scale=args.guidance)

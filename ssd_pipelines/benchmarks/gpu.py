@@ -41,13 +41,13 @@ from tqdm.auto import tqdm
 from ..backbones.prompts import left_padded_batch
 from ..decoding import make_strategy
 from ..decoding.base import Block, DecodeRun
+from ..decoding.options import SamplingConfig
 from ..decoding.ssd import SSDDecoding
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..sampling import SamplingConfig
 from . import backbone_speed as bs
-from . import report
+from . import commands, report
 
 PROMPT = "a red circle left of a blue square"
 PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
@@ -717,14 +717,7 @@ def markdown(results: dict, on_gpu: bool) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="run on the CPU: a tiny Janus, fewer repeats, 2 images")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder of gpu.md and gpu.json")
-    parser.add_argument("--deadline", type=float, default=540, help="seconds for every section together")
-    parser.add_argument("--sections", default="ABCE", help="of A, B, C, E (D and F follow from what ran)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads of a --tiny run (1: steadier beside other work)"
-    )
+    parser = commands.gpu_parser()
     args = parser.parse_args(argv)
     if not args.sections or set(args.sections) - set(SHARES) or len(set(args.sections)) != len(args.sections):
         parser.error(f"--sections takes letters of {''.join(SHARES)}, each once, got {args.sections!r}")

@@ -20,12 +20,10 @@ with the others' so that machine noise hits all alike:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
 import statistics
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,16 +31,17 @@ from tqdm import tqdm
 
 from ..acceptance import format_rates
 from ..decoding import make_strategy
+from ..decoding.options import SamplingConfig
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..plots import image_grid
 from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..sampling import SamplingConfig
 from ..vq import encode_images
-from . import add_reference_renders, plots, report
+from . import commands, plots, report
 from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once
-from .scaling import SIDES, pass_counts
+from .scaling import pass_counts
 
 STRATEGIES: dict[str, tuple[str, dict]] = {
     "ar": ("ar", {}),
@@ -60,7 +59,6 @@ STRATEGIES: dict[str, tuple[str, dict]] = {
 }
 # Lossless: sample exactly the AR distribution (tests/test_peers.py, tests/test_decoding_distribution.py).
 LOSSLESS = {"ar", "exact", "sjd", "sjd-pac", "mtp1d"}
-BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 GRID_PROMPTS = 6  # prompts in the image grid (each with all its images)
 
 
@@ -154,20 +152,7 @@ def real_reference(pipe, net, renders: int, compared: int) -> tuple[np.ndarray, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
-    parser.add_argument("--prompts", type=int, default=48, help="held-out prompts in the quality run")
-    parser.add_argument("--images-per-prompt", type=int, default=2)
-    parser.add_argument("--quality-batch", type=int, default=16, help="images per call in the quality run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per strategy up to batch 8 (median)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
-    parser.add_argument("--sides", type=int, nargs="+", default=list(SIDES), help="grid sides of the scaling run")
-    add_reference_renders(parser)
-    parser.add_argument("--guidance", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--note", default="", help="what else ran on the machine, for the report")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    args = parser.parse_args(argv)
+    args = commands.peers_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     release_freed_memory()
@@ -200,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     plots.scaling(scaling, figures["scaling"])
     grid_images = {label: j["set"].images[: GRID_PROMPTS * args.images_per_prompt] for label, j in judged.items()}
-    plots.image_grid(
+    image_grid(
         grid_images,
         [s.caption for s in scenes[:GRID_PROMPTS] for _ in range(args.images_per_prompt)],
         figures["images"],

@@ -15,7 +15,6 @@ single-image calls.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
@@ -24,12 +23,13 @@ from tqdm.auto import tqdm
 
 from ..acceptance import format_rates
 from ..decoding import make_strategy
+from ..decoding.options import SamplingConfig
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..plots import image_grid, pyplot
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..sampling import SamplingConfig
-from . import add_reference_renders, plots, report
+from . import commands, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once
 from .peers import real_reference
@@ -87,7 +87,7 @@ def table(rows: dict[str, dict]) -> list[str]:
 
 def figure(rows: dict[str, dict], floor: float, out: Path) -> None:
     """Passes per image against the Fréchet distance: one line for blocks, one per window, AR and exact as points."""
-    plt = plots.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     families: dict[str, list[tuple[float, float, str]]] = {}
     for label, r in rows.items():
@@ -114,17 +114,7 @@ def figure(rows: dict[str, dict], floor: float, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
-    parser.add_argument("--prompts", type=int, default=48, help="held-out prompts in the quality run")
-    parser.add_argument("--images-per-prompt", type=int, default=2)
-    parser.add_argument("--windows", type=int, nargs="+", default=None, help="positions (default: one row)")
-    parser.add_argument("--repeats", type=int, default=8, help="single-image timed calls per decoding")
-    add_reference_renders(parser)
-    parser.add_argument("--guidance", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier beside other work)")
-    parser.add_argument("--out", type=Path, default=Path("docs/ssd_pipelined.md"))
-    args = parser.parse_args(argv)
+    args = commands.pipelined_parser().parse_args(argv)
 
     torch.set_num_threads(args.threads)
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
@@ -158,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure(rows, floors["real"], curve)
     shown = [label for label in GRID_LABELS if label in sets]
-    plots.image_grid(
+    image_grid(
         {label: sets[label].images[: GRID_PROMPTS * args.images_per_prompt] for label in shown},
         [s.caption for s in scenes[:GRID_PROMPTS] for _ in range(args.images_per_prompt)],
         images,

@@ -18,10 +18,8 @@ Every set of heads sees the same grids, cells and redraws; the backbone's target
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -29,14 +27,15 @@ from tqdm.auto import tqdm
 from ..backbones.base import ImageBackbone
 from ..decoding import ARDecoding, ExactDecoding
 from ..decoding.base import both_branches
+from ..decoding.options import SamplingConfig
 from ..heads import DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.captions import captions
 from ..reference.scenes import HELDOUT_SEED_START
-from ..sampling import SamplingConfig, reweighted, target_probs
+from ..sampling import reweighted, target_probs
 from ..training.distill_data import teacher_forced_hidden
-from . import report
+from . import commands, report
 from .drafters import parse_heads
 
 BETAS = (1.0, 2.0, 3.0)
@@ -169,16 +168,8 @@ def passes_rows(backbone, heads: dict[str, DraftHeads], sampling, prompts: list[
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="ssd-bench recheck", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model())
-    parser.add_argument("--heads", action="append", required=True, help="LABEL=FOLDER of in-row heads; repeat")
-    parser.add_argument("--prompts", type=int, default=50, help="held-out prompts, one AR image each")
-    parser.add_argument("--cells", type=int, default=8, help="cells per image whose left neighbour is redrawn")
-    parser.add_argument("--exact-prompts", type=int, default=20, help="held-out prompts `exact` decodes per row")
-    parser.add_argument("--guidance", type=float, default=3.0)
-    parser.add_argument("--out", type=Path, default=Path("docs/exact_recheck.md"))
-    args = parser.parse_args(argv)
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model, dtype=torch.float32)
+    args = commands.recheck_parser().parse_args(argv)
+    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
     backbone, sampling = pipe.image_backbone, SamplingConfig(guidance_scale=args.guidance)
     heads = {
         label: DraftHeads.from_pretrained(folder, use_safetensors=True)

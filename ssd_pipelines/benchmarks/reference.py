@@ -14,9 +14,6 @@ is within `FRECHET_BUDGET` of AR's and whose adherence is within
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -27,7 +24,7 @@ from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.evaluator import evaluate
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import add_reference_renders, report
+from . import commands, report
 from .measure_run import one_image_call, summarize_calls
 
 DECODINGS: dict[str, dict] = {
@@ -155,16 +152,7 @@ def latency(pipe, scenes, repeats: int, guidance: float) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
-    parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per decoding")
-    parser.add_argument("--images-per-prompt", type=int, default=4, help="images scored per prompt (GenEval: 4)")
-    parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
-    parser.add_argument("--repeats", type=int, default=5, help="single-image timings per decoding (median)")
-    parser.add_argument("--guidance", type=float, default=3.0)
-    add_reference_renders(parser)
-    parser.add_argument("--out", type=Path, default=Path("docs/reference_benchmark.md"))
-    args = parser.parse_args(argv)
+    args = commands.reference_parser().parse_args(argv)
 
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)

@@ -14,7 +14,6 @@ round trip, queueing in the replica's batch included. Every wait has a deadline.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -33,11 +32,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import report
+from . import commands, report
+from .commands import CLIENTS, REPLICAS, SERVE_DECODINGS
 
-DECODINGS = ("ar", "exact", "auto")
-CLIENTS = (1, 2, 4, 8, 16)
-REPLICAS = (1, 2)
 APP_NAME = "ssd-bench-serve"
 STARTUP_S = 600  # serve.run, crossover measurement included
 TARGET_AUTO = 0.9  # auto's throughput within 10 % of the better of ar and exact
@@ -192,7 +189,7 @@ def run(
     model: str | None = None,
     replicas=REPLICAS,
     clients=CLIENTS,
-    decodings=DECODINGS,
+    decodings=SERVE_DECODINGS,
     requests: int = 16,
     threads: int = 1,
     exact_max_batch="measure",
@@ -298,7 +295,8 @@ COLOURS = {"ar": "black", "exact": "tab:cyan", "auto": "tab:orange"}
 
 def plot(rows: list[dict], out: Path) -> None:
     """Throughput and p50 latency against clients, one line per decoding x replicas (dashed: 2 replicas)."""
-    from .plots import _plain_log_ticks, pyplot
+    from ..plots import pyplot
+    from .plots import _plain_log_ticks
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110)
@@ -390,22 +388,7 @@ def render(rows, servers, args, machine: str, figure: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
-    parser.add_argument("--replicas", type=int, nargs="+", default=list(REPLICAS))
-    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="concurrent clients, per level")
-    parser.add_argument("--decodings", nargs="+", default=list(DECODINGS))
-    parser.add_argument("--requests", type=int, default=16, help="requests per load level (at least one a client)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (and Ray CPUs) per replica")
-    parser.add_argument(
-        "--exact-max-batch", default="measure", help="auto's crossover on the servers: N or 'measure' (default)"
-    )
-    parser.add_argument("--max-batch-size", type=int, default=8)
-    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.05)
-    parser.add_argument("--timeout", type=float, default=120, help="seconds one request may take")
-    parser.add_argument("--note", default="", help="what else ran on the machine, for the report")
-    parser.add_argument("--out", type=Path, default=Path("docs/serving_benchmark.md"))
-    args = parser.parse_args(argv)
+    args = commands.serve_parser().parse_args(argv)
     if args.exact_max_batch != "measure":
         args.exact_max_batch = int(args.exact_max_batch)
     import torch

@@ -13,9 +13,6 @@ paired difference `ssd-bench reference` uses. The Fréchet distance of `ssd-benc
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import torch
 from tqdm import tqdm
 
@@ -23,7 +20,7 @@ from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.quality import frechet_to_heldout
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import add_reference_renders, report
+from . import commands, report
 from .reference import adherence, per_task_table, versus_baseline
 
 SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
@@ -53,18 +50,7 @@ def describe(setting: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--model", action="append", help="pipeline folder or repository, repeatable (default: the reference model)"
-    )
-    parser.add_argument(
-        "--setting", action="append", help="key=value[,key=value] of guidance, temperature, top_k; repeatable"
-    )
-    parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per setting")
-    parser.add_argument("--images-per-prompt", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=100, help="images per pipeline call")
-    add_reference_renders(parser)
-    parser.add_argument("--out", type=Path, default=Path("docs/reference_sweep.md"))
+    parser = commands.sweep_parser()
     args = parser.parse_args(argv)
     try:
         settings = [parse_setting(text) for text in args.setting or DEFAULT_SETTINGS]

@@ -12,9 +12,7 @@ noise hits all alike; pass and position counts are exact, seconds are medians.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -23,7 +21,7 @@ from ..acceptance import format_rates
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from . import report
+from . import commands, report
 
 
 def decodings(row_length: int, windows: list[int]) -> dict[str, dict]:
@@ -84,14 +82,7 @@ def table(results: dict[str, dict], batch: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="pipeline folder or repository (default: the reference model)")
-    parser.add_argument("--prompts", type=int, default=16, help="held-out prompts (batch 8 uses them in groups)")
-    parser.add_argument("--windows", type=int, nargs="+", default=None, help="positions (default: 4 to 8 rows)")
-    parser.add_argument("--guidance", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier beside other work)")
-    parser.add_argument("--out", type=Path, default=Path("docs/exact_window.md"))
-    args = parser.parse_args(argv)
+    args = commands.window_parser().parse_args(argv)
 
     torch.set_num_threads(args.threads)
     pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model())

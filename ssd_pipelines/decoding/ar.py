@@ -18,9 +18,7 @@ class ARDecoding(DecodingStrategy):
     """The baseline. With record_hidden=True the output also carries the pre-norm hidden state
     predicting every cell, in both guidance branches: the training data of the drafting heads."""
 
-    name = "ar"
-    summary = "the model's own decoder: one code per forward pass, the baseline"
-    lossless = True
+    name = "ar"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(self, record_hidden: bool = False):
         self.record_hidden = record_hidden

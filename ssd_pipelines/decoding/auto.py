@@ -18,18 +18,14 @@ from ..heads import DraftHeads
 from .ar import ARDecoding
 from .base import DecodeRun, DecodingStrategy
 from .exact import ExactDecoding
-from .options import EXACT_MAX_BATCH, WINDOW
+from .options import EXACT_MAX_BATCH
 
 
 class AutoDecoding(DecodingStrategy):
     """Lossless: `exact` (with `window`) for batches of at most `exact_max_batch` images, `ar` for larger ones.
     Its statistics name the one that decoded (`DecodeStats.chosen_decoding`)."""
 
-    name = "auto"
-    summary = "lossless: exact for batches of at most exact_max_batch images, ar for larger ones"
-    lossless = True
-    needs_heads = True
-    options = (EXACT_MAX_BATCH, WINDOW)
+    name = "auto"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(self, heads: DraftHeads, exact_max_batch: int | None = EXACT_MAX_BATCH.default, window=None):
         """exact_max_batch: the largest batch (images, not guidance rows) decoded with `exact` (None: the default).

@@ -20,8 +20,9 @@ from typing import ClassVar
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from ..sampling import RandomSource, SamplingConfig, random_source, sample, target_probs
-from .options import DecodingOption
+from ..sampling import RandomSource, random_source, sample, target_probs
+from .catalog import DECODINGS
+from .options import DecodingOption, SamplingConfig
 
 RowCallback = Callable[[int, torch.Tensor], bool | None]
 """Called as callback(row, codes [B, R, C]) once row `row` is committed; returning True stops decoding.
@@ -199,25 +200,22 @@ class DecodingStrategy(ABC):
     """Turns prompts into a grid of image codes through an `ImageBackbone`.
 
     The class attributes are what callers read about a strategy before making one: the pipeline checks a
-    call against them, and the CLI, the demo and the ComfyUI node build their choices from them."""
+    call against them. A strategy names itself; the rest is its entry in `catalog.DECODINGS`, which the CLI, the
+    demo and the ComfyUI node read without importing torch."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for a chooser: what it does, and whether its images are the model's own
-    lossless: ClassVar[bool]  # samples exactly the distribution of the model's own (AR) decoder
-    needs_heads: ClassVar[bool] = False  # drafts with `DraftHeads`
-    options: ClassVar[tuple[DecodingOption, ...]] = ()  # what `pipe(...)` may pass to it; peers: none
+    # The rest is its `catalog.DecodingInfo`'s, copied by __init_subclass__; a strategy not in the catalog sets its own.
+    summary: ClassVar[str]
+    lossless: ClassVar[bool]
+    needs_heads: ClassVar[bool] = False
+    options: ClassVar[tuple[DecodingOption, ...]] = ()
 
-    @classmethod
-    def option(cls, name: str) -> DecodingOption:
-        """The declared option `name`; a ValueError names the ones this strategy takes."""
-        for option in cls.options:
-            if option.name == name:
-                return option
-        raise ValueError(f"decoding {cls.name!r} takes no option {name!r}: it takes {cls.option_names() or 'none'}.")
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        return tuple(option.name for option in cls.options)
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and cls.name in DECODINGS:  # a subclass that keeps its parent's name keeps its rest
+            info = DECODINGS[cls.name]
+            for declared in ("summary", "lossless", "needs_heads", "options"):
+                setattr(cls, declared, getattr(info, declared))
 
     def decode(
         self,

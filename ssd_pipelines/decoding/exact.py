@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..heads import DraftHeads
 from .base import DecodeRun, DecodingStrategy
 from .frontier import FrontierRun, check_window
-from .options import WINDOW
 
 REPROPOSE_POWER = 1.0
 """How far an in-row drafter's predicted change moves a re-checked cell's q (frontier.py, `_repropose`). 1 is exact
@@ -17,11 +16,7 @@ than no re-proposals with every drafter measured (docs/exact_recheck.md)."""
 class ExactDecoding(DecodingStrategy):
     """Lossless: returns exactly the AR distribution, at most one pass per image position and usually far fewer."""
 
-    name = "exact"
-    summary = "lossless: the same distribution as ar (a different sample of it), in fewer passes"
-    lossless = True
-    needs_heads = True
-    options = (WINDOW,)
+    name = "exact"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(self, heads: DraftHeads, window: int | None = None, repropose: float = REPROPOSE_POWER):
         """window: positions each pass runs per image (one row, end-of-line included, when None). repropose: see

@@ -60,9 +60,7 @@ def embedding_radius(embeddings: torch.Tensor, quantile: float, most: int = 1024
 class GSDDecoding(SJDDecoding):
     """SJD with grouped acceptance: more drafts kept, the AR distribution given up."""
 
-    name = "gsd"
-    summary = "peer, lossy: speculative Jacobi decoding with grouped acceptance"
-    lossless = False
+    name = "gsd"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(self, window: int = 16, neighbour_quantile: float = 0.25):
         """neighbour_quantile: codes closer than this quantile of code-pair embedding distances are neighbours."""

@@ -28,10 +28,7 @@ from .window import WindowDecoding, WindowRun
 class MTP1DDecoding(WindowDecoding):
     """Lossless: k_h horizontal drafts per pass, verified in order, rolled back at the first rejection."""
 
-    name = "mtp1d"
-    summary = "peer, lossless: 1-D multi-token drafts along the row, rolled back at the first rejection"
-    lossless = True
-    needs_heads = True
+    name = "mtp1d"  # its summary, lossless, needs_heads and options: catalog.py
     tail = "drop"
     needs_hidden = True
 

@@ -43,9 +43,7 @@ def random_codes(
 class SJDDecoding(WindowDecoding):
     """Lossless: random drafts, sequential acceptance up to the first rejection, the tail redrawn from p."""
 
-    name = "sjd"
-    summary = "peer, lossless: speculative Jacobi decoding, training-free"
-    lossless = True
+    name = "sjd"  # its summary, lossless, needs_heads and options: catalog.py
     tail = "resample"
 
     def __init__(self, window: int = 16):

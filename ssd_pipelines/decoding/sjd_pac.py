@@ -41,9 +41,7 @@ from .window import Judged, WindowDecoding, WindowRun
 class SJDPACDecoding(WindowDecoding):
     """Lossless: random drafts, every cell of the window judged, K candidates for the first D - 1 cells."""
 
-    name = "sjd-pac"
-    summary = "peer, lossless: speculative Jacobi decoding with a tree of continuations"
-    lossless = True
+    name = "sjd-pac"  # its summary, lossless, needs_heads and options: catalog.py
     tail = "continue"
 
     def __init__(self, window: int = 64, tree_width: int = 3, tree_depth: int = 3):

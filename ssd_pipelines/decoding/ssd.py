@@ -43,17 +43,13 @@ from ..heads import DraftHeads
 from ..sampling import sample_with, uniform, verify_with
 from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
 from .frontier import FrontierRun, check_window
-from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
+from .options import VERIFY_ROUNDS, VERTICAL_ROWS
 
 
 class SSDDecoding(DecodingStrategy):
     """The paper's decoding: horizontal heads for the first row, vertical heads for the rest, r rounds."""
 
-    name = "ssd"
-    summary = "lossy, fastest: the paper's SSD, verify_rounds verification rounds per row"
-    lossless = False
-    needs_heads = True
-    options = (VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW)
+    name = "ssd"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(
         self,

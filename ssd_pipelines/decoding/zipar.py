@@ -37,9 +37,7 @@ from .base import UNDECODED, DecodeRun, DecodingStrategy
 class ZipARDecoding(DecodingStrategy):
     """Several rows per pass, each w cells behind the row above; no verification."""
 
-    name = "zipar"
-    summary = "peer, lossy: each row starts a few cells behind the row above, unverified"
-    lossless = False
+    name = "zipar"  # its summary, lossless, needs_heads and options: catalog.py
 
     def __init__(self, window: int | None = None):
         """window: cells of a row decoded before the row below starts (default: a third of a row)."""

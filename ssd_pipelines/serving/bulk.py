@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..decoding import DEFAULT_DECODING, STRATEGIES, check_options, strategy_class
-from ..sampling import SamplingConfig
+from ..decoding.catalog import DECODINGS, DEFAULT_DECODING, check_options, decoding_options
+from ..decoding.options import SamplingConfig
+from ..seeds import check_seed
 from .bulk_store import BulkOutput
-from .loader import model_name
-from .request import decoding_options
 
 
 def option_flag(name: str) -> str:
@@ -41,9 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model", default=None, help="pipeline folder or Hub repository (default: the reference model)"
     )
-    parser.add_argument("--decoding", default=DEFAULT_DECODING, choices=list(STRATEGIES))
-    for name, option in decoding_options().items():
-        takers = [d for d, cls in STRATEGIES.items() if name in cls.option_names()]
+    parser.add_argument("--decoding", default=DEFAULT_DECODING, choices=list(DECODINGS))
+    for name, (option, takers) in decoding_options().items():
         parser.add_argument(
             option_flag(name),
             dest=name,
@@ -68,16 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch_size", "workers", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
-    try:  # the library's checks, before anything starts
-        strategy_class(args.decoding)
-        check_options(args.decoding, **decoding_values(args))
-        SamplingConfig(args.temperature, args.top_k, args.top_p, 1.0 if args.guidance is None else args.guidance)
-    except ValueError as error:
-        parser.error(str(error))
     if not args.prompts.is_file():
         parser.error(f"{args.prompts} is not a file")
+    try:  # the library's checks, before anything starts
+        check_options(args.decoding, **decoding_values(args))
+        SamplingConfig(args.temperature, args.top_k, args.top_p, 1.0 if args.guidance is None else args.guidance)
+        check_seed(args.seed, len(args.prompts.read_text(encoding="utf-8").splitlines()), "--seed")  # N: seed + N
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -87,6 +83,8 @@ def decoding_values(args: argparse.Namespace) -> dict:
 
 def settings(args: argparse.Namespace) -> dict:
     """What an image depends on: a rerun into the same folder must have the same."""
+    from .loader import model_name  # imports torch: not on the way to --help
+
     return {
         "model": model_name(args.model),
         "decoding": args.decoding,
