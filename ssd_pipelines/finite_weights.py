@@ -27,8 +27,8 @@ def check_finite(module: torch.nn.Module, where: Path | str, component: str) -> 
     tensors = [
         (name, t)
         for name, t in itertools.chain(module.named_parameters(), module.named_buffers())
-        if t.is_floating_point() and not t.is_meta and t.numel()
-    ]
+        if t.is_floating_point() and not t.is_meta and t.numel() and type(t.data) is torch.Tensor
+    ]  # a quantized weight is a tensor subclass (torchao's) whose own integer data and scales its backend checks
     bad = [tensors[i] for i in _not_finite([t for _, t in tensors])]
     if bad:
         raise ValueError(_message(module, bad, Path(where), component))

@@ -239,3 +239,22 @@ def test_a_scrambled_transformers_checkpoint_is_named(tmp_path, make, stored, lo
         str(raised.value)
         == f"could not load the backbone of {tmp_path}: tensor '{stored}' of {file}{loaded_as} {DAMAGED}"
     )
+
+
+class Quantized(torch.Tensor):
+    """A weight as a quantization backend holds it (torchao's Int8Tensor): a tensor subclass that answers only the
+    operators its backend implements, not `aminmax`."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.aminmax:
+            raise NotImplementedError("Quantized: aminmax is not implemented")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_quantized_weights_are_left_to_their_backend(tmp_path):
+    """from_pretrained(..., quantization_config=...) loads the backbone's linear weights so (issue 41)."""
+    module = Small()
+    saved(module, tmp_path)
+    module.proj.weight = torch.nn.Parameter(module.proj.weight.detach().as_subclass(Quantized), requires_grad=False)
+    check_finite(module, tmp_path, "test model")
