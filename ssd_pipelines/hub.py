@@ -38,7 +38,7 @@ from .heads import DraftHeads
 
 HUB_MODEL = "ssd-pipelines/ssd-reference"
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
-HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token")
+HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token", "force_download")
 HEADS_CLASS = DraftHeads.__name__
 PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
 # A transformers checkpoint: configs, sharded safetensors and their index, tokenizer files, chat templates.

@@ -41,14 +41,14 @@ def _register_with_diffusers() -> None:
 _register_with_diffusers()
 
 
-def load_pipeline_folder(base_loader, folder: Path, name: str, placement: dict, **kwargs):
-    """A pipeline folder through diffusers' `base_loader`; with a device map, the backbone spread over devices by
-    accelerate first (diffusers places whole components)."""
+def load_pipeline_folder(base_loader, folder: Path, name: str, backbone_options: dict, **kwargs):
+    """A pipeline folder through diffusers' `base_loader`; with `backbone_options` (a device map, a quantization
+    config), the backbone first, by transformers (diffusers places whole components)."""
     given = set(kwargs)
-    if placement and "backbone" not in kwargs:
+    if backbone_options and "backbone" not in kwargs:
         library, class_name = pipeline_components(folder)["backbone"]
         model_class = getattr(importlib.import_module(library), class_name)
-        kwargs["backbone"] = load_model(model_class, folder / "backbone", name, kwargs["dtype"], placement)
+        kwargs["backbone"] = load_model(model_class, folder / "backbone", name, kwargs["dtype"], backbone_options)
     try:
         pipe = base_loader(folder, use_safetensors=True, **kwargs)
     except WEIGHTS_FAULTS as error:
@@ -67,17 +67,18 @@ def load_pipeline_folder(base_loader, folder: Path, name: str, placement: dict, 
 
 
 def load_checkpoint(
-    folder: Path, name: str, dtype: torch.dtype, placement: dict
+    folder: Path, name: str, dtype: torch.dtype, backbone_options: dict
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The backbone and tokenizer of a supported backbone's transformers checkpoint."""
     model_class = model_class_for(read_json(folder / "config.json")["model_type"])
-    return load_model(model_class, folder, name, dtype, placement), AutoTokenizer.from_pretrained(folder)
+    return load_model(model_class, folder, name, dtype, backbone_options), AutoTokenizer.from_pretrained(folder)
 
 
-def load_model(model_class, folder: Path, name: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
-    """A transformers model from safetensors, spread over devices by accelerate when `placement` has a device_map."""
+def load_model(model_class, folder: Path, name: str, dtype: torch.dtype, backbone_options: dict) -> PreTrainedModel:
+    """A transformers model from safetensors; `backbone_options`: transformers' device_map (accelerate spreads it
+    over devices), max_memory, offload_folder, quantization_config."""
     try:
-        model = model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **placement).eval()
+        model = model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **backbone_options).eval()
     except WEIGHTS_FAULTS as error:
         raise ValueError(
             f"could not load the backbone of {name}: {loading_error(error)}. Its weights must be readable "

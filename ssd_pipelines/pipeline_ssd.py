@@ -33,6 +33,7 @@ from .heads import DraftHeads
 from .hub import HUB_OPTIONS, check_checkpoint, check_components, resolve_source
 from .loading import load_checkpoint, load_heads, load_pipeline_folder
 from .memory import check_batch_fits
+from .quantization import backbone_quantization
 from .request import OUTPUT_TYPES, GenerationRequest
 
 EXAMPLE_DOC_STRING = """
@@ -113,18 +114,24 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         transformers checkpoint of a supported backbone (e.g. "deepseek-community/Janus-Pro-7B").
 
         heads: a `DraftHeads`, a folder or a repository id; replaces the pipeline's own heads.
-        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`) pass through. `dtype` applies to
-        every component; without it all load in float32 (weights may be stored in half precision), so that
-        backbone, heads and VQ decoder always agree. Weights load from safetensors only.
+        Hub options (`revision`, `cache_dir`, `local_files_only`, `token`, `force_download`) pass through. `dtype`
+        applies to every component; without it all load in float32 (weights may be stored in half precision), so
+        that backbone, heads and VQ decoder always agree. Weights load from safetensors only.
         device_map (with `max_memory`, `offload_folder`): how accelerate spreads the backbone over devices, e.g.
-        "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. vqvae: a VQ decoder for a
-        checkpoint that has none inside (Lumina-mGPT: `load_chameleon_vqgan`).
+        "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. quantization_config: diffusers'
+        `PipelineQuantizationConfig` or transformers' config for the backbone (`ssd_pipelines.quantization`).
+        backbone, tokenizer, vqvae: components to use instead of the saved ones (vqvae: a VQ decoder for a
+        checkpoint that has none inside, Lumina-mGPT: `load_chameleon_vqgan`). Any other option is refused.
         """
         if kwargs.pop("use_safetensors", True) is not True:
             raise ValueError("SSD pipelines load only safetensors weights: drop use_safetensors (pickles are refused).")
         dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None) or torch.float32
         hub_options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
-        placement = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
+        # how transformers loads the backbone: spread over devices by accelerate, quantized
+        backbone_options = {k: kwargs.pop(k) for k in DEVICE_MAP_OPTIONS if k in kwargs}
+        quantization = backbone_quantization(kwargs.pop("quantization_config", None))
+        if quantization is not None:
+            backbone_options["quantization_config"] = quantization
         name = str(pretrained_model_name_or_path)
         source = resolve_source(name, **hub_options)
         folder = Path(source.location)
@@ -136,29 +143,31 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 raise ValueError(f"the heads in {name} do not name their base model: pass it, with heads=.")
             hub_options.pop("revision", None)  # the revision was the heads'
             return cls.from_pretrained(
-                heads.config.base_model, heads=heads, dtype=dtype, **hub_options, **placement, **kwargs
+                heads.config.base_model, heads=heads, dtype=dtype, **hub_options, **backbone_options, **kwargs
             )
         if source.kind == "checkpoint":
-            pipe = cls._from_checkpoint(folder, name, dtype, placement, **kwargs)
+            pipe = cls._from_checkpoint(folder, name, dtype, backbone_options, **kwargs)
         else:
+            _check_options(kwargs, ("backbone", "tokenizer", "vqvae"), "a pipeline folder")
             check_components(folder, name)
             base_loader = super().from_pretrained
-            pipe = load_pipeline_folder(base_loader, folder, name, placement, dtype=dtype, **kwargs)
+            pipe = load_pipeline_folder(base_loader, folder, name, backbone_options, dtype=dtype, **kwargs)
         pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
-        if placement:
+        if backbone_options:
             pipe._place_beside_backbone()
         if heads is not None:
             pipe.load_heads(heads, **hub_options)
         return pipe
 
     @classmethod
-    def _from_checkpoint(cls, folder: Path, name: str, dtype, placement: dict, vqvae: VQModel | None = None, **kwargs):
+    def _from_checkpoint(
+        cls, folder: Path, name: str, dtype, backbone_options: dict, vqvae: VQModel | None = None, **kwargs
+    ):
         """A pipeline around a supported backbone's transformers checkpoint: its model and tokenizer, its own VQ
         decoder (Janus-Pro, Emu3) or `vqvae` (Lumina-mGPT), no heads."""
-        if kwargs:
-            raise ValueError(f"unknown options for a transformers checkpoint: {sorted(kwargs)}.")
+        _check_options(kwargs, ("vqvae",), "a transformers checkpoint")
         check_checkpoint(folder, name)
-        backbone, tokenizer = load_checkpoint(folder, name, dtype, placement)
+        backbone, tokenizer = load_checkpoint(folder, name, dtype, backbone_options)
         return cls(backbone, tokenizer, None if vqvae is None else vqvae.to(dtype=dtype).eval())
 
     def _place_beside_backbone(self) -> None:
@@ -425,6 +434,18 @@ def _makes_grid(backbone: ImageBackbone, rows: int, cols: int) -> bool:
     except ValueError:
         return False
     return (grid.rows, grid.cols) == (rows, cols)
+
+
+FROM_PRETRAINED_OPTIONS = ("heads", "dtype", *HUB_OPTIONS, *DEVICE_MAP_OPTIONS, "quantization_config")
+
+
+def _check_options(unknown: dict, components: tuple[str, ...], source: str) -> None:
+    """Refuse options `from_pretrained` would not use (diffusers only warns, and ignores them)."""
+    if unknown:
+        raise ValueError(
+            f"from_pretrained takes no option {', '.join(map(repr, sorted(unknown)))} for {source}: it takes "
+            f"{', '.join(FROM_PRETRAINED_OPTIONS)}, and {' or '.join(components)} to replace a component."
+        )
 
 
 def _check_base_model(base: str | None, ours: str | None) -> None:

@@ -52,6 +52,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
             "ssd_pipelines.hub",
             "ssd_pipelines.loading",
             "ssd_pipelines.memory",
+            "ssd_pipelines.quantization",
             "ssd_pipelines.request",
             "ssd_pipelines.testing",
         ),

@@ -1,8 +1,10 @@
 """Loading pipelines and heads from a Hub: a loopback one (tests/hub_server.py), then its cache offline."""
 
+from pathlib import Path
+
 import pytest
 import torch
-from huggingface_hub import constants
+from huggingface_hub import constants, hf_hub_download
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
@@ -79,3 +81,17 @@ def test_offline_loading_from_the_cache(hub, published, monkeypatch):
 def test_an_unknown_repository(hub):
     with pytest.raises(ValueError, match="neither a local folder nor a Hub repository"):
         SSDAutoregressivePipeline.from_pretrained("org/missing")
+
+
+def test_force_download_fetches_a_damaged_file_again(hub):
+    """The loaders' advice for a damaged file, force_download=True, reaches the Hub (it was dropped before)."""
+    pipe = tiny_pipeline()
+    pipe.push_to_hub("org/tiny-ssd", token="hf_writer")
+    SSDAutoregressivePipeline.from_pretrained("org/tiny-ssd")
+    cached = hf_hub_download("org/tiny-ssd", "heads/diffusion_pytorch_model.safetensors", local_files_only=True)
+    blob = Path(cached).resolve()
+    blob.write_bytes(blob.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"re-download them \(force_download=True\)"):
+        SSDAutoregressivePipeline.from_pretrained("org/tiny-ssd")
+    loaded = SSDAutoregressivePipeline.from_pretrained("org/tiny-ssd", force_download=True)
+    assert torch.equal(codes(loaded), codes(pipe))

@@ -1,0 +1,129 @@
+"""`from_pretrained(..., quantization_config=...)` quantizes the backbone, in either of diffusers' and transformers'
+forms; `exact` stays lossless with respect to the quantized backbone; options from_pretrained would not use are
+refused, never ignored."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import PipelineQuantizationConfig
+from tiny_backbones import tiny_janus
+from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
+from transformers import TorchAoConfig
+
+from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
+from ssd_pipelines.decoding import ExactDecoding
+from ssd_pipelines.decoding.options import SamplingConfig
+from ssd_pipelines.testing import tiny_pipeline
+
+REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
+INT8_WEIGHTS = Int8WeightOnlyConfig(set_inductor_config=False)  # torchao would retune inductor for later tests
+INT8 = TorchAoConfig(INT8_WEIGHTS)
+
+
+def greedy(pipe, decoding: str) -> torch.Tensor:
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(["a red circle", "two blue squares"], decoding=decoding, temperature=0, output_type="latent").codes
+
+
+def quantized_linears(model: torch.nn.Module) -> int:
+    return sum(isinstance(m, torch.nn.Linear) and isinstance(m.weight, Int8Tensor) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def reference_int8():
+    return SSDAutoregressivePipeline.from_pretrained(REFERENCE, quantization_config=INT8)
+
+
+def test_the_reference_backbone_is_quantized_and_heads_and_vq_decoder_are_not(reference_int8):
+    pipe = reference_int8
+    assert quantized_linears(pipe.backbone) > 0
+    assert quantized_linears(pipe.heads) == 0 and quantized_linears(pipe.vqvae) == 0
+    assert {p.dtype for p in pipe.heads.parameters()} == {torch.float32}
+
+
+def test_exact_equals_ar_greedy_on_the_int8_reference_model(reference_int8):
+    """Lossless with respect to the quantized backbone: the same greedy images as its own AR decoder."""
+    assert torch.equal(greedy(reference_int8, "exact"), greedy(reference_int8, "ar"))
+
+
+def test_diffusers_form_and_transformers_form_load_the_same_backbone(reference_int8):
+    mapped = PipelineQuantizationConfig(quant_mapping={"backbone": INT8})
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE, quantization_config=mapped)
+    assert quantized_linears(pipe.backbone) == quantized_linears(reference_int8.backbone)
+    assert torch.equal(greedy(pipe, "ar"), greedy(reference_int8, "ar"))
+
+
+def test_a_transformers_checkpoint_is_quantized_too(tmp_path):
+    model, tokenizer = tiny_janus()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    pipe = SSDAutoregressivePipeline.from_pretrained(tmp_path, quantization_config=INT8)
+    assert quantized_linears(pipe.backbone.model.language_model) > 0
+
+
+def test_exact_samples_the_quantized_backbones_ar_distribution():
+    """The G test of tests/test_decoding_distribution.py on the toy backbone with int8 weights: 30,000 images
+    against the probabilities the quantized backbone itself gives."""
+    backbone, heads = toy_setup()
+    quantize_(backbone.decoder, INT8_WEIGHTS)
+    assert quantized_linears(backbone.decoder) > 0
+    sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
+    probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
+    g = measure(ExactDecoding(heads, window=4), backbone, sampling, 30_000, 3, probs).g
+    assert g.passes, g
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pipe")
+    tiny_pipeline().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (
+            {"bogus": 1},
+            ValueError,
+            (
+                "from_pretrained takes no option 'bogus' for a pipeline folder: it takes heads, dtype, revision, "
+                "cache_dir, local_files_only, token, force_download, device_map, max_memory, offload_folder, "
+                "quantization_config, and backbone or tokenizer or vqvae to replace a component."
+            ),
+        ),
+        (
+            {"quantization_config": "int8"},
+            TypeError,
+            (
+                "quantization_config must be diffusers' PipelineQuantizationConfig or a transformers quantization config "
+                "for the backbone (e.g. PipelineQuantizationConfig(quant_mapping={'backbone': "
+                "TorchAoConfig(Int8WeightOnlyConfig())}) or TorchAoConfig(Int8WeightOnlyConfig()) itself); got a str."
+            ),
+        ),
+        (
+            {"quantization_config": PipelineQuantizationConfig(quant_mapping={"backbone": INT8, "vqvae": INT8})},
+            ValueError,
+            (
+                "quantization_config may quantize the backbone only, not vqvae: the heads and the VQ decoder are small "
+                "beside it and stay in the pipeline's dtype (pass dtype= to change that)."
+            ),
+        ),
+    ],
+    ids=["unknown", "not-a-config", "vq-decoder"],
+)
+def test_options_it_would_not_use_are_refused(saved, options, error, message):
+    """diffusers only warns of an unknown option, and ignores it (issue 41)."""
+    with pytest.raises(error) as refused:
+        SSDAutoregressivePipeline.from_pretrained(saved, **options)
+    assert str(refused.value) == message
+
+
+def test_a_checkpoint_names_what_it_takes(tmp_path):
+    model, tokenizer = tiny_janus()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="takes no option 'tokenizer' for a transformers checkpoint: .* and vqvae"):
+        SSDAutoregressivePipeline.from_pretrained(tmp_path, tokenizer=tokenizer)
