@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ssd_pipelines.devices import DEFAULT_HELP, check_device
-
-DTYPES = ("float32", "float16", "bfloat16")  # torch's names: parsing imports no torch, so --help answers at once
+from ssd_pipelines.devices import DEFAULT_HELP, check_device, device_type
+from ssd_pipelines.precisions import add_dtype_argument, check_precision, default_precision
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,9 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default=None, help=f"torch device, e.g. cpu, cuda, cuda:1 (default: {DEFAULT_HELP})"
     )
-    parser.add_argument(
-        "--dtype", choices=DTYPES, default=None, help="default: float32 on CPU (faster there), else float16"
-    )
+    add_dtype_argument(parser)
     parser.add_argument(
         "--threads",
         type=int,
@@ -65,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--concurrency and --max-queue must be >= 1")
     try:
         args.device = check_device(args.device)
+        args.dtype = args.dtype or default_precision(device_type(args.device))
+        check_precision(args.dtype, device_type(args.device))
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -72,13 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_pipeline(args: argparse.Namespace):
     """The pipeline the whole server shares, on its device and dtype."""
-    import torch
-
     from ssd_pipelines import SSDAutoregressivePipeline
     from ssd_pipelines.hub import default_model
+    from ssd_pipelines.quantization import precision_options
 
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.float16)
-    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), heads=args.heads, dtype=dtype)
+    options = precision_options(args.dtype, args.device)
+    pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), heads=args.heads, **options)
     pipe.set_progress_bar_config(disable=True)  # the page shows the progress
     return pipe.to(args.device)
 

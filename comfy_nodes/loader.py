@@ -10,13 +10,20 @@ import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.precisions import PRECISIONS, runnable_precisions
+from ssd_pipelines.quantization import precision_options
 
 from .model_folder import list_models, locate, models_folders
 
 PIPELINE = "SSD_PIPELINE"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_DEVICE = "default"
 NO_MODEL = "(no model in models/ssd: set path_or_repo_id)"
+
+
+def dtype_choices() -> list[str]:
+    """The precisions this machine runs on its CPU or its GPUs: int8 where torchao is installed, nf4 where
+    bitsandbytes is (on the CPU from its version 0.50)."""
+    return runnable_precisions(["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
 
 
 def device_choices() -> list[str]:
@@ -45,10 +52,12 @@ class SSDPipelineLoader:
                     {"tooltip": "A pipeline folder (model_index.json) or drafting heads folder in models/ssd/."},
                 ),
                 "dtype": (
-                    list(DTYPES),
+                    dtype_choices(),
                     {
                         "default": "float32",
-                        "tooltip": "Weights' dtype. bfloat16/float16 halve GPU memory; keep float32 on CPU.",
+                        "tooltip": "Precision of the weights. "
+                        + " ".join(f"{name}: {PRECISIONS[name].about}." for name in dtype_choices())
+                        + " Quantized backbones compute in float32 on the CPU, bfloat16 on a GPU.",
                     },
                 ),
                 "device": (
@@ -91,17 +100,17 @@ class SSDPipelineLoader:
         heads = heads.strip()
         heads_source = (locate(heads) or heads) if heads else None
         target = comfy.model_management.get_torch_device() if device == DEFAULT_DEVICE else torch.device(device)
-        return (load_pipeline(source, heads_source, DTYPES[dtype], str(target)),)
+        return (load_pipeline(source, heads_source, dtype, str(target)),)
 
 
 @functools.lru_cache(maxsize=2)
-def load_pipeline(source: str, heads: str | None, dtype: torch.dtype, device: str) -> SSDAutoregressivePipeline:
+def load_pipeline(source: str, heads: str | None, dtype: str, device: str) -> SSDAutoregressivePipeline:
     """One pipeline per (source, heads, dtype, device); ComfyUI's own cache may drop a node's output, this does not.
 
     Two entries: an A/B graph over two models does not reload, and a third model frees the oldest.
     """
     try:
-        pipe = SSDAutoregressivePipeline.from_pretrained(source, heads=heads, dtype=dtype)
+        pipe = SSDAutoregressivePipeline.from_pretrained(source, heads=heads, **precision_options(dtype, device))
     except ValueError as error:
         # Advice to download only where the Hub could not be reached; the library's own message says when a local
         # path does not exist, or a repository is not on the Hub.

@@ -28,7 +28,8 @@ from .decoding.catalog import (
     decoding_options,
     options_for,
 )
-from .devices import DEFAULT_HELP, check_device
+from .devices import DEFAULT_HELP, check_device, device_type
+from .precisions import add_dtype_argument, check_precision, default_precision
 from .seeds import check_seed
 
 
@@ -75,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default=None, help=f"torch device, e.g. cpu, cuda, cuda:1 (default: {DEFAULT_HELP})"
     )
+    add_dtype_argument(parser)
     parser.add_argument(
         "--threads",
         type=int,
@@ -106,6 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check_seed(args.seed, name="--seed")  # the batch draws from one generator seeded --seed
         check_out(args)
         args.device = check_device(args.device)  # the one check that imports torch: the last
+        args.dtype = args.dtype or default_precision(device_type(args.device))
+        check_precision(args.dtype, device_type(args.device))
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .hub import default_model
     from .pipeline_ssd import SSDAutoregressivePipeline
+    from .quantization import precision_options
 
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
@@ -213,10 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"ssd-generate: error: cannot create the folder of --out {args.out}: {error.strerror}", file=sys.stderr)
         return 2
-    # Weights ship in fp16; CPUs compute fp32 far faster.
-    dtype = torch.float32 if args.device == "cpu" else torch.float16
     try:
-        pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), dtype=dtype).to(args.device)
+        options = precision_options(args.dtype, args.device)
+        pipe = SSDAutoregressivePipeline.from_pretrained(args.model or default_model(), **options).to(args.device)
         pipe.set_progress_bar_config(disable=args.json)
         stats, files, images = generate(pipe, args, args.decoding)
     except ValueError as error:  # bad input: the message says what to change

@@ -19,6 +19,11 @@ def devices_here() -> list[str]:
     return ["cpu", accelerator.type, *(f"{accelerator.type}:{i}" for i in range(torch.accelerator.device_count()))]
 
 
+def device_type(name: str) -> str:
+    """The type of a device name (cuda of cuda:1), without importing torch."""
+    return name.split(":")[0]
+
+
 def check_device(name: str | None) -> str:
     """`name` as given if this machine has that device; None: the default (cuda when there is one, else cpu).
     Otherwise a ValueError that says which devices there are and what to pass."""

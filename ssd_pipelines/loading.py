@@ -20,6 +20,7 @@ from .backbones import model_class_for
 from .finite_weights import check_finite
 from .heads import DraftHeads
 from .hub import pipeline_components, read_json
+from .quantization import check_runs_on_cpu
 
 # What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
 WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, ValueError, json.JSONDecodeError)
@@ -59,6 +60,7 @@ def load_pipeline_folder(base_loader, folder: Path, name: str, backbone_options:
         ) from error
     if pipe.heads is not None:
         check_heads_complete(pipe.heads, folder / "heads")
+    check_runs_on_cpu(pipe.backbone, name)
     for component in ("backbone", "heads", "vqvae"):
         module = getattr(pipe, component)
         if component not in given and module is not None:
@@ -85,7 +87,16 @@ def load_model(model_class, folder: Path, name: str, dtype: torch.dtype, backbon
             "safetensors files that match its config.json: re-download them (force_download=True)."
         ) from error
     check_finite(model, folder, f"backbone of {name}")
+    check_runs_on_cpu(model, name)
     return model
+
+
+def stored_dtype(folder: Path, kind: str) -> torch.dtype:
+    """The dtype the backbone's weights are stored in (transformers' `dtype="auto"`), for every component; float32
+    where its config.json does not say."""
+    config = read_json(folder / "backbone" / "config.json" if kind == "pipeline" else folder / "config.json")
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return getattr(torch, name)
 
 
 def load_heads(folder: str | Path) -> DraftHeads:

@@ -31,7 +31,7 @@ from .backbones import ImageBackbone, ImageGrid, adapter_for
 from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
 from .hub import HUB_OPTIONS, check_checkpoint, check_components, resolve_source
-from .loading import load_checkpoint, load_heads, load_pipeline_folder
+from .loading import load_checkpoint, load_heads, load_pipeline_folder, stored_dtype
 from .memory import check_batch_fits
 from .quantization import backbone_quantization
 from .request import OUTPUT_TYPES, GenerationRequest
@@ -116,7 +116,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         heads: a `DraftHeads`, a folder or a repository id; replaces the pipeline's own heads.
         Hub options (`revision`, `cache_dir`, `local_files_only`, `token`, `force_download`) pass through. `dtype`
         applies to every component; without it all load in float32 (weights may be stored in half precision), so
-        that backbone, heads and VQ decoder always agree. Weights load from safetensors only.
+        that backbone, heads and VQ decoder always agree; "auto": the dtype the backbone's weights are stored in.
+        Weights load from safetensors only.
         device_map (with `max_memory`, `offload_folder`): how accelerate spreads the backbone over devices, e.g.
         "auto" for several GPUs; heads and VQ decoder then sit beside its last layer. quantization_config: diffusers'
         `PipelineQuantizationConfig` or transformers' config for the backbone (`ssd_pipelines.quantization`).
@@ -145,6 +146,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             return cls.from_pretrained(
                 heads.config.base_model, heads=heads, dtype=dtype, **hub_options, **backbone_options, **kwargs
             )
+        if dtype == "auto":
+            dtype = stored_dtype(folder, source.kind)
         if source.kind == "checkpoint":
             pipe = cls._from_checkpoint(folder, name, dtype, backbone_options, **kwargs)
         else:

@@ -26,6 +26,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
         (
             "ssd_pipelines.seeds",
             "ssd_pipelines.devices",
+            "ssd_pipelines.precisions",
             "ssd_pipelines.plots",
             "ssd_pipelines.sampling",
             "ssd_pipelines.acceptance",

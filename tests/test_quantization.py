@@ -12,10 +12,12 @@ from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
 from transformers import TorchAoConfig
 
 from ssd_pipelines import SSDAutoregressivePipeline
+from ssd_pipelines.backbones.llama_grid import LlamaGridBackbone
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import ExactDecoding
 from ssd_pipelines.decoding.options import SamplingConfig
-from ssd_pipelines.testing import tiny_pipeline
+from ssd_pipelines.quantization import precision_options
+from ssd_pipelines.testing import tiny_heads, tiny_llama, tiny_pipeline, tiny_tokenizer, tiny_vqvae
 
 REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 INT8_WEIGHTS = Int8WeightOnlyConfig(set_inductor_config=False)  # torchao would retune inductor for later tests
@@ -73,6 +75,34 @@ def test_exact_samples_the_quantized_backbones_ar_distribution():
     probs = grid_probabilities(backbone, TOY_PROMPT, sampling)
     g = measure(ExactDecoding(heads, window=4), backbone, sampling, 30_000, 3, probs).g
     assert g.passes, g
+
+
+def test_save_pretrained_keeps_the_quantization(reference_int8, tmp_path):
+    """transformers serializes torchao's and bitsandbytes' weights in safetensors, with the config that reloads them."""
+    reference_int8.save_pretrained(tmp_path)
+    again = SSDAutoregressivePipeline.from_pretrained(tmp_path)  # no quantization_config: the saved one
+    assert quantized_linears(again.backbone) == quantized_linears(reference_int8.backbone)
+    assert torch.equal(greedy(again, "exact"), greedy(reference_int8, "exact"))
+
+
+def test_exact_equals_ar_greedy_on_an_nf4_backbone_on_the_cpu(tmp_path):
+    """bitsandbytes' own CPU kernels (0.50): every quantized width a multiple of 32, hence hidden size 128."""
+    backbone = LlamaGridBackbone(tiny_llama(rows=4, cols=4, codebook_size=8, hidden_size=128), tiny_tokenizer())
+    SSDAutoregressivePipeline(backbone.model, backbone.tokenizer, tiny_vqvae(8), tiny_heads(backbone)).save_pretrained(
+        tmp_path
+    )
+    pipe = SSDAutoregressivePipeline.from_pretrained(tmp_path, **precision_options("nf4", "cpu"))
+    assert sum(type(m).__name__ == "Linear4bit" for m in pipe.backbone.modules()) == 14  # 2 layers of 7
+    assert torch.equal(greedy(pipe, "exact"), greedy(pipe, "ar"))
+
+
+def test_auto_loads_every_component_in_the_dtype_the_backbone_is_stored_in(tmp_path):
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE, dtype="auto")
+    assert pipe.backbone.dtype == pipe.heads.dtype == pipe.vqvae.dtype == torch.float16  # shipped in float16
+    model, tokenizer = tiny_janus()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert SSDAutoregressivePipeline.from_pretrained(tmp_path, dtype="auto").backbone.dtype == torch.float32
 
 
 @pytest.fixture(scope="module")

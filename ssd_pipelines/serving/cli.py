@@ -19,6 +19,8 @@ import signal
 import sys
 import time
 
+from ..precisions import add_dtype_argument, check_precision, default_precision
+
 APP_NAME = "ssd"
 
 
@@ -67,12 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cpus-per-replica", type=float, default=None, help="Ray CPUs per replica (default: --threads)"
     )
     parser.add_argument("--gpus-per-replica", type=float, default=0, help="Ray GPUs per replica (default 0: the CPU)")
-    parser.add_argument(
-        "--dtype",
-        choices=["float32", "float16", "bfloat16"],
-        default=None,
-        help="default: float32 on the CPU, float16 on a GPU",
-    )
+    add_dtype_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -90,6 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.batch_wait_timeout_s < 0:
         parser.error(f"--batch-wait-timeout-s must be >= 0, got {args.batch_wait_timeout_s}")
+    replica_device = "cuda" if args.gpus_per_replica else "cpu"
+    args.dtype = args.dtype or default_precision(replica_device)
+    try:
+        check_precision(args.dtype, replica_device)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

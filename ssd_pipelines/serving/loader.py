@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 
 from ..hub import default_model
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from ..precisions import default_precision
 
 
 def model_name(model: str | None) -> str:
@@ -20,15 +19,16 @@ def model_name(model: str | None) -> str:
 
 
 def load_worker_pipeline(model: str | None, device: str | None = None, dtype: str | None = None, threads=None):
-    """The pipeline on `device` (default: the GPU Ray gave this worker, else the CPU), in `dtype` (default:
-    float32 on the CPU, where it is faster, else float16), with `threads` torch threads (default 1 on the CPU:
-    fastest for small models and on a shared machine)."""
+    """The pipeline on `device` (default: the GPU Ray gave this worker, else the CPU), in the precision `dtype`
+    names (`precisions.py`; default: float32 on the CPU, where it is faster, else float16), with `threads` torch
+    threads (default 1 on the CPU: fastest for small models and on a shared machine)."""
     from ..pipeline_ssd import SSDAutoregressivePipeline
+    from ..quantization import precision_options
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if threads or device == "cpu":
         torch.set_num_threads(threads or 1)
-    chosen = DTYPES[dtype] if dtype else (torch.float32 if device == "cpu" else torch.float16)
-    pipe = SSDAutoregressivePipeline.from_pretrained(model_name(model), dtype=chosen)
+    options = precision_options(dtype or default_precision(torch.device(device).type), device)
+    pipe = SSDAutoregressivePipeline.from_pretrained(model_name(model), **options)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
