@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-from contextvars import ContextVar
 
 import torch
 import transformers
@@ -20,28 +19,27 @@ from packaging.version import Version
 from torch import nn
 
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from .kv_cache import preallocated_cache, write_rows_at
+from .kv_cache import PreallocatedCache, preallocated_cache, write_rows_at
 
-# The pre-norm hidden states of the pass running in this thread (or asyncio task), if one asked for them.
-# A module hook is shared by every caller of the model; a context variable is not, so concurrent calls
-# on one backbone each see their own pass (transformers records `output_hidden_states` the same way).
-_captured_norm_input: ContextVar[list[torch.Tensor] | None] = ContextVar("captured_norm_input", default=None)
 _hook_lock = threading.Lock()
 COMPILED = "_ssd_compiled_forward"  # where a decoder keeps its compiled forward (`CausalLMBackbone.compile_passes`)
 
 
-def _record_norm_input(_module: nn.Module, args: tuple, _output) -> None:
-    captured = _captured_norm_input.get()
-    if captured is not None:
-        captured.append(args[0])
+def record_norm_input(_module: nn.Module, _args: tuple, kwargs: dict, output) -> None:
+    """After the last decoder layer: its output, the final norm's input, onto the pass's cache if it is ours (other
+    callers of the model pass theirs, or none, and are left alone). The cache is the call's own, so concurrent
+    calls do not mix, and torch.compile traces this as part of the pass (a context variable broke its graph)."""
+    cache = kwargs.get("cache")
+    if isinstance(cache, PreallocatedCache):
+        cache.norm_input = output[0] if isinstance(output, tuple) else output  # Chameleon's layers return tuples
 
 
-def _install_capture_hook(norm: nn.Module) -> None:
-    """Hook the final norm once; the hook records its input only for passes that ask (see `_run`)."""
+def _install_capture_hook(last_layer: nn.Module) -> None:
+    """Hook the last decoder layer once, for every adapter built on the decoder."""
     with _hook_lock:
-        if not getattr(norm, "_ssd_capture_hooked", False):
-            norm.register_forward_hook(_record_norm_input)
-            norm._ssd_capture_hooked = True
+        if not getattr(last_layer, "_ssd_capture_hooked", False):
+            last_layer.register_forward_hook(record_norm_input, with_kwargs=True)
+            last_layer._ssd_capture_hooked = True
 
 
 # The decoders take their KV cache as `cache=` from this version on; an older one swallows that keyword and
@@ -73,7 +71,7 @@ class CausalLMBackbone(ImageBackbone):
         check_transformers_version()
         self.decoder = decoder
         self.final_norm: nn.Module = decoder.norm
-        _install_capture_hook(self.final_norm)
+        _install_capture_hook(decoder.layers[-1])
 
     @property
     def device(self) -> torch.device:
@@ -89,8 +87,6 @@ class CausalLMBackbone(ImageBackbone):
     ) -> torch.Tensor:
         """One pass of the decoder, compiled unless `eager` where `compile_passes` asked; returns the input of its
         final norm."""
-        captured: list[torch.Tensor] = []
-        token = _captured_norm_input.set(captured)
         inputs = {
             "inputs_embeds": embeds.to(self.dtype),
             "attention_mask": attention_mask,
@@ -98,27 +94,24 @@ class CausalLMBackbone(ImageBackbone):
             "cache": state.cache,
             "use_cache": True,
         }
+        compiled = None if eager else self.decoder.__dict__.get(COMPILED, (None,))[0]
         try:
-            compiled = None if eager else self.decoder.__dict__.get(COMPILED, (None,))[0]
-            try:
-                compiled(**inputs) if compiled is not None else self.decoder(**inputs)
-            except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
-                if compiled is None:
-                    raise
-                # eager from now on, in the same shapes: a cache written at its rows' slots stays so
-                self.decoder.__dict__[COMPILED] = (None, self.static_passes)
-                warnings.warn(
-                    f"torch.compile could not compile this backbone's pass ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}): its passes run eagerly from now on.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                captured.clear()
-                self.decoder(**inputs)
-        finally:
-            _captured_norm_input.reset(token)
+            compiled(**inputs) if compiled is not None else self.decoder(**inputs)
+        except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
+            if compiled is None:
+                raise
+            # eager from now on, in the same shapes: a cache written at its rows' slots stays so
+            self.decoder.__dict__[COMPILED] = (None, self.static_passes)
+            warnings.warn(
+                f"torch.compile could not compile this backbone's pass ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}): its passes run eagerly from now on.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.decoder(**inputs)
+        hidden, state.cache.norm_input = state.cache.norm_input, None
         state.length += embeds.shape[1]
-        return captured[0]
+        return hidden.to(self.device)  # from the last layer's device to the final norm's, should a device map part them
 
     def compile_passes(self, options: dict | None) -> None:
         """Run the decoder's passes through `torch.compile(decoder.forward, **options)`, or eagerly again with None.

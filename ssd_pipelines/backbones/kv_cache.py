@@ -87,6 +87,16 @@ def write_rows_at(cache: Cache, row_slots: torch.Tensor, length: int) -> None:
         layer.row_slots, layer.row_length = row_slots, length
 
 
-def preallocated_cache(capacity: int) -> Cache:
+class PreallocatedCache(Cache):
+    """A cache of `PreallocatedLayer`s that also hands back the hidden states its last pass fed the final norm
+    (`causal_lm.record_norm_input` writes them). They live on the cache, which belongs to one call: concurrent calls
+    on one model each read their own, and torch.compile traces the hand-over inside the pass's graph."""
+
+    def __init__(self, capacity: int):
+        super().__init__(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
+        self.norm_input: torch.Tensor | None = None
+
+
+def preallocated_cache(capacity: int) -> PreallocatedCache:
     """A cache (one `PreallocatedLayer` per decoder layer) sized for `capacity` positions."""
-    return Cache(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
+    return PreallocatedCache(capacity)
