@@ -20,7 +20,7 @@ from .backbones import model_class_for
 from .finite_weights import check_finite
 from .heads import DraftHeads
 from .hub import pipeline_components, read_json
-from .quantization import check_runs_on_cpu
+from .quantization import check_runs_on_cpu, fit_nf4_to_cpu
 
 # What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
 WEIGHTS_FAULTS = (SafetensorError, OSError, RuntimeError, ValueError, json.JSONDecodeError)
@@ -79,6 +79,7 @@ def load_checkpoint(
 def load_model(model_class, folder: Path, name: str, dtype: torch.dtype, backbone_options: dict) -> PreTrainedModel:
     """A transformers model from safetensors; `backbone_options`: transformers' device_map (accelerate spreads it
     over devices), max_memory, offload_folder, quantization_config."""
+    backbone_options = fit_nf4_to_cpu(model_class, folder, backbone_options, name)
     try:
         model = model_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **backbone_options).eval()
     except WEIGHTS_FAULTS as error:

@@ -8,6 +8,9 @@ and the VQ decoder are small beside it and stay in the pipeline's dtype.
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import torch
 from diffusers import PipelineQuantizationConfig
 from transformers.utils.quantization_config import QuantizationConfigMixin
@@ -15,7 +18,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from .precisions import check_precision, compute_dtype
 
 QUANTIZABLE = ("backbone",)
-NF4_CPU_BLOCK = 32  # bitsandbytes' CPU kernels pack a 4-bit weight's output rows by 32
+NF4_CPU_ROWS = 32  # bitsandbytes' AVX512-BF16 kernels pack a 4-bit weight's output rows by 32
+NF4_BLOCK = 64  # weights sharing one absmax in bitsandbytes' 4-bit layers, as transformers makes them
 EXAMPLE = (
     "e.g. PipelineQuantizationConfig(quant_mapping={'backbone': TorchAoConfig(Int8WeightOnlyConfig())}) or "
     "TorchAoConfig(Int8WeightOnlyConfig()) itself"
@@ -78,20 +82,68 @@ def precision_options(name: str, device: str) -> dict:
     return options
 
 
+def fit_nf4_to_cpu(model_class, folder, backbone_options: dict, name: str) -> dict:
+    """`backbone_options` whose 4-bit bitsandbytes config leaves unquantized the linear layers that its AVX512-BF16
+    CPU kernels cannot repack (`check_runs_on_cpu`), found on the model built without weights; a warning says how
+    much stays in the compute dtype. Unchanged for other configs, other devices and other CPUs.
+
+    Janus-Pro's generation aligner takes the VQ embedding, 8 wide: without this, nf4 could not run it on such a CPU.
+    """
+    config = backbone_options.get("quantization_config")
+    placed = backbone_options.get("device_map")
+    if not getattr(config, "load_in_4bit", False) or placed not in (None, "cpu", {"": "cpu"}):
+        return backbone_options
+    from bitsandbytes.functional import has_avx512bf16
+    from transformers import AutoConfig
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    if not has_avx512bf16():
+        return backbone_options
+    with torch.device("meta"):
+        skeleton = model_class._from_config(AutoConfig.from_pretrained(folder))
+    # transformers leaves the output head out by default, but not once a skip list is given: name it too
+    kept = set(config.llm_int8_skip_modules or get_keys_to_not_convert(skeleton))
+    linears = {
+        path: m
+        for path, m in skeleton.named_modules()
+        if isinstance(m, torch.nn.Linear) and not any(path == k or path.startswith(k + ".") for k in kept)
+    }
+    misfits = [path for path, m in linears.items() if m.out_features % NF4_CPU_ROWS or m.in_features % NF4_BLOCK]
+    if not misfits:
+        return backbone_options
+    share = sum(linears[p].weight.numel() for p in misfits) / sum(m.weight.numel() for m in linears.values())
+    warnings.warn(
+        f"nf4 on this CPU keeps {len(misfits)} of the {len(linears)} linear layers of the backbone of {name} "
+        f"({share:.0%} of their weights) in the compute dtype: bitsandbytes' kernels for its AVX512-BF16 need a "
+        f"4-bit layer's width to be a multiple of {NF4_CPU_ROWS} and its input's a multiple of {NF4_BLOCK} "
+        f"({misfits[0]}: {linears[misfits[0]].in_features} -> {linears[misfits[0]].out_features} is not). "
+        "int8 (torchao) quantizes them all on the CPU; a CUDA GPU runs them in 4 bits.",
+        UserWarning,
+        stacklevel=4,
+    )
+    fitted = copy.deepcopy(config)
+    fitted.llm_int8_skip_modules = [*sorted(kept), *misfits]
+    return {**backbone_options, "quantization_config": fitted}
+
+
 def check_runs_on_cpu(model: torch.nn.Module, name: str) -> None:
-    """bitsandbytes' CPU kernels assert, at the first pass, that a 4-bit layer's output width is a multiple of 32:
-    refuse such a backbone when it is loaded, with what to choose instead."""
+    """On a CPU with AVX512-BF16, bitsandbytes repacks each 4-bit layer at its first pass, which asserts that the
+    layer is a multiple of 32 wide and its input a multiple of its block (64): refuse such a backbone at load, with
+    what to choose instead, rather than fail at the first pass. Other CPUs run bitsandbytes' generic path.
+    `fit_nf4_to_cpu` keeps such layers out of the quantization when we load; a pipeline saved in 4 bits elsewhere
+    may still hold them."""
     misfits = [
-        (path, module.out_features)
+        f"{path}: {module.in_features} -> {module.out_features}"
         for path, module in model.named_modules()
         if type(module).__name__ == "Linear4bit"
         and module.weight.device.type == "cpu"
-        and module.out_features % NF4_CPU_BLOCK
+        and getattr(module, "support_avx512bf16_for_cpu", False)
+        and (module.out_features % NF4_CPU_ROWS or module.in_features % module.weight.quant_state.blocksize)
     ]
     if misfits:
-        path, width = misfits[0]
         raise ValueError(
-            f"the backbone of {name} cannot run in 4 bits on the CPU: bitsandbytes' CPU kernels need each quantized "
-            f"layer's output width to be a multiple of {NF4_CPU_BLOCK}, and {len(misfits)} layers are not "
-            f"({path}: {width}). Choose int8 (torchao) on the CPU, or run nf4 on a CUDA GPU."
+            f"the backbone of {name} cannot run in 4 bits on this CPU: bitsandbytes' kernels for its AVX512-BF16 "
+            f"repack each 4-bit layer, which needs the layer's width to be a multiple of {NF4_CPU_ROWS} and its input's "
+            f"a multiple of its block (64), and {len(misfits)} layers are not ({misfits[0]}). Choose int8 (torchao) "
+            "on the CPU, or run nf4 on a CUDA GPU."
         )

@@ -4,6 +4,8 @@ refused, never ignored."""
 
 from pathlib import Path
 
+import bitsandbytes.functional as bnb_functional
+import bitsandbytes.nn.modules as bnb_modules
 import pytest
 import torch
 from diffusers import PipelineQuantizationConfig
@@ -12,12 +14,11 @@ from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
 from transformers import TorchAoConfig
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.backbones.llama_grid import LlamaGridBackbone
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import ExactDecoding
 from ssd_pipelines.decoding.options import SamplingConfig
 from ssd_pipelines.quantization import precision_options
-from ssd_pipelines.testing import tiny_heads, tiny_llama, tiny_pipeline, tiny_tokenizer, tiny_vqvae
+from ssd_pipelines.testing import tiny_pipeline
 
 REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 INT8_WEIGHTS = Int8WeightOnlyConfig(set_inductor_config=False)  # torchao would retune inductor for later tests
@@ -85,15 +86,60 @@ def test_save_pretrained_keeps_the_quantization(reference_int8, tmp_path):
     assert torch.equal(greedy(again, "exact"), greedy(reference_int8, "exact"))
 
 
-def test_exact_equals_ar_greedy_on_an_nf4_backbone_on_the_cpu(tmp_path):
-    """bitsandbytes' own CPU kernels (0.50): every quantized width a multiple of 32, hence hidden size 128."""
-    backbone = LlamaGridBackbone(tiny_llama(rows=4, cols=4, codebook_size=8, hidden_size=128), tiny_tokenizer())
-    SSDAutoregressivePipeline(backbone.model, backbone.tokenizer, tiny_vqvae(8), tiny_heads(backbone)).save_pretrained(
-        tmp_path
-    )
-    pipe = SSDAutoregressivePipeline.from_pretrained(tmp_path, **precision_options("nf4", "cpu"))
-    assert sum(type(m).__name__ == "Linear4bit" for m in pipe.backbone.modules()) == 14  # 2 layers of 7
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    """Which of bitsandbytes' CPU paths 4-bit layers take: its AVX512-BF16 kernels (True), which repack each layer at
+    its first pass and compute in bfloat16, or its generic path (False), in the compute dtype. Forcing True only
+    loads: running those kernels needs the instructions."""
+
+    def use(avx512_bf16: bool) -> None:
+        monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: avx512_bf16)
+        monkeypatch.setattr(bnb_functional, "has_avx512bf16", lambda: avx512_bf16)
+
+    return use
+
+
+def linears_4bit(model: torch.nn.Module) -> int:
+    return sum(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+def test_exact_equals_ar_greedy_on_the_nf4_reference_model(cpu_kernels):
+    cpu_kernels(False)
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE, **precision_options("nf4", "cpu"))
+    assert linears_4bit(pipe.backbone) == 42  # every linear layer but the output head
     assert torch.equal(greedy(pipe, "exact"), greedy(pipe, "ar"))
+
+
+def test_nf4_keeps_out_the_layers_avx512_kernels_cannot_repack(cpu_kernels):
+    """The reference model's MLP is 688 wide: those kernels need 4-bit layers a multiple of 32 wide, taking inputs a
+    multiple of 64. Those layers stay in float32, and the warning says how much of the backbone that is."""
+    cpu_kernels(True)
+    with pytest.warns(UserWarning) as caught:
+        pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE, **precision_options("nf4", "cpu"))
+    assert str(caught[0].message) == (
+        f"nf4 on this CPU keeps 18 of the 42 linear layers of the backbone of {REFERENCE} (67% of their weights) in "
+        "the compute dtype: bitsandbytes' kernels for its AVX512-BF16 need a 4-bit layer's width to be a multiple of "
+        "32 and its input's a multiple of 64 (model.layers.0.mlp.gate_proj: 256 -> 688 is not). int8 (torchao) "
+        "quantizes them all on the CPU; a CUDA GPU runs them in 4 bits."
+    )
+    assert linears_4bit(pipe.backbone) == 24  # attention's 4 a layer
+    assert pipe.backbone.model.layers[0].mlp.gate_proj.weight.dtype == torch.float32
+
+
+def test_a_4bit_pipeline_these_kernels_cannot_run_is_refused_at_load(cpu_kernels, tmp_path):
+    """Saved where every layer went to 4 bits (a GPU, or a CPU without AVX512-BF16), then loaded on such a CPU:
+    refused at load rather than failing an assertion inside bitsandbytes at the first pass."""
+    cpu_kernels(False)
+    SSDAutoregressivePipeline.from_pretrained(REFERENCE, **precision_options("nf4", "cpu")).save_pretrained(tmp_path)
+    cpu_kernels(True)
+    with pytest.raises(ValueError) as refused:
+        SSDAutoregressivePipeline.from_pretrained(tmp_path)
+    assert str(refused.value) == (
+        f"the backbone of {tmp_path} cannot run in 4 bits on this CPU: bitsandbytes' kernels for its AVX512-BF16 "
+        "repack each 4-bit layer, which needs the layer's width to be a multiple of 32 and its input's a multiple "
+        "of its block (64), and 18 layers are not (model.layers.0.mlp.gate_proj: 256 -> 688). Choose int8 (torchao) "
+        "on the CPU, or run nf4 on a CUDA GPU."
+    )
 
 
 def test_auto_loads_every_component_in_the_dtype_the_backbone_is_stored_in(tmp_path):
