@@ -46,7 +46,7 @@ def test_reference_benchmark_prints_and_writes_its_table(tmp_path, capsys):
 def test_ssd_bench_names_its_benchmarks():
     with pytest.raises(
         SystemExit,
-        match="usage: ssd-bench {exactness,reference,sweep,peers,window,pipelined,drafters,recheck,serve,gpu}",
+        match="usage: ssd-bench {exactness,reference,sweep,peers,window,pipelined,drafters,recheck,serve,gpu,quantization}",
     ):
         ssd_bench(["nonsense"])
 

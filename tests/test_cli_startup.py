@@ -66,6 +66,7 @@ def parse_in_a_fresh_interpreter(module: str, function: str, argv: list[str]) ->
         ("ssd_pipelines.benchmarks", "main", ["recheck", "--help"], 0, "usage: ssd-bench recheck"),
         ("ssd_pipelines.benchmarks", "main", ["serve", "--help"], 0, "Serving under load"),
         ("ssd_pipelines.benchmarks", "main", ["gpu", "--help"], 0, "folder of gpu.md and gpu.json"),
+        ("ssd_pipelines.benchmarks", "main", ["quantization", "--help"], 0, "the table; .json and .png beside it"),
         ("ssd_pipelines.benchmarks", "main", ["reference", "--no-such-flag"], 2, "unrecognized arguments"),
         ("ssd_pipelines.benchmarks", "main", ["drafters"], 2, "the following arguments are required: --heads"),
         ("ssd_pipelines.serving.bulk", "parse_args", ["--help"], 0, "usage: python -m ssd_pipelines.serving.bulk"),

@@ -10,6 +10,7 @@ ssd-bench drafters     # drafting heads against each other: acceptance, passes, 
 ssd-bench recheck      # exact's re-checks: proposals for a cell after its left neighbour is redrawn -> docs/exact_recheck.md
 ssd-bench serve        # ar, exact and auto on a local Ray Serve app: images/s, p50/p95 latency -> docs/serving_benchmark.md
 ssd-bench gpu          # on a GPU: reference model, Janus-Pro-7B shape, costs per pass, syncs, targets -> docs/gpu.md
+ssd-bench quantization # per model and precision: backbone bytes, peak memory, ar and exact -> docs/quantization_benchmark.md
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "recheck": "Reference model: exact's re-checks, proposals after a left neighbour is redrawn",
     "serve": "Reference model on Ray Serve: throughput and latency of ar, exact and auto under load",
     "gpu": "On a GPU: reference model and Janus-Pro-7B shape, costs per pass, host syncs, issue 39's targets",
+    "quantization": "Quantized backbones: bytes, peak memory, ar and exact per precision; 7B checkpoints projected",
 }
 
 
@@ -45,7 +47,7 @@ def report(lines: list[str], out: Path, title: str, command: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:
-        listing = "\n".join(f"  {name:10s} {about}" for name, about in BENCHMARKS.items())
+        listing = "\n".join(f"  {name:12s} {about}" for name, about in BENCHMARKS.items())
         raise SystemExit(f"usage: ssd-bench {{{','.join(BENCHMARKS)}}} [options]\n{listing}")
     name, options = argv[0], argv[1:]
     parser = commands.PARSERS[name]()

@@ -194,6 +194,24 @@ def gpu_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quantization_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=(
+            "Quantized backbones side by side: bytes, peak memory, seconds and passes of ar and exact per model and "
+            "precision, and the published checkpoints' weights projected."
+        )
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="float32, int8 and nf4, one timed call a decoding: the tests' run"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed single-image calls per decoding (median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier beside other work)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("docs/quantization_benchmark.md"), help="the table; .json and .png beside it"
+    )
+    return parser
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "exactness": exactness_parser,
     "reference": reference_parser,
@@ -205,4 +223,5 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "recheck": recheck_parser,
     "serve": serve_parser,
     "gpu": gpu_parser,
+    "quantization": quantization_parser,
 }
