@@ -5,6 +5,7 @@ import traceback
 import warnings
 
 import pytest
+import torch
 
 from ssd_pipelines.benchmarks import gpu
 from ssd_pipelines.benchmarks import main as ssd_bench
@@ -98,6 +99,34 @@ def test_a_section_out_of_time_says_before_what(tmp_path):
     results = json.loads((tmp_path / "gpu.json").read_text())
     assert results["B"]["status"] == "out of time before building the Janus-Pro-7B shape"
     assert results["A"]["status"] == results["E"]["status"] == "not run"
+
+
+def test_the_quantized_7b_shape_is_asked_for_and_measured_in_each_precision(tiny_run, tmp_path):
+    """Q (issue 41) is not a default section; asked for, it builds the shape in float32 (bfloat16 on a GPU), int8
+    and nf4 and times the same passes as B."""
+    assert tiny_run[1]["Q"]["status"] == "not run"
+    gpu.main(["--tiny", "--sections", "Q", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "gpu.json").read_text())
+    rows = {r["precision"]: r for r in results["Q"]["rows"]}
+    assert results["Q"]["status"] == "done" and list(rows) == ["float32", "int8", "nf4"]
+    assert all(
+        r["status"] == "ran" and r["seconds"]["ar_step"] > 0 and r["seconds"]["row_pass"] > 0 for r in rows.values()
+    )
+    assert rows["nf4"]["weight_bytes"] < rows["int8"]["weight_bytes"] < rows["float32"]["weight_bytes"]
+    assert "peak_gib" not in rows["int8"]  # CUDA only
+    assert "| int8 | " in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_quantized_precision_this_machine_cannot_run_is_refused_with_its_reason(monkeypatch):
+    from ssd_pipelines.benchmarks import gpu_quantized
+
+    def refuse(precision, device_type):
+        raise ValueError("no torchao")
+
+    monkeypatch.setattr(gpu_quantized, "check_precision", refuse)
+    row = gpu_quantized.measure_precision("int8", torch.device("cpu"), tiny=True, prompt_tokens=8, repeats=1)
+    assert row == {"precision": "int8", "status": "refused", "reason": "no torchao"}
+    assert "| int8 | **refused**: no torchao |" in "\n".join(gpu_quantized.quantized_lines({"rows": [row]}))
 
 
 def test_targets_are_judged_on_a_gpu_only():

@@ -35,6 +35,7 @@ from ..backbones.prompts import left_padded_batch
 from ..decoding.base import Block, both_branches
 from ..heads import DraftHeads
 
+PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
 PAPER_SSD_PASSES = (57, 80)  # the paper's passes per 24 x 24 image with SSD (r = 1 and its other setting)
 
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny model in float32 on CPU (checks the code only)")
     parser.add_argument("--images", type=int, nargs="+", default=[1, 16], help="batch sizes (images, 2 rows each)")
-    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)

@@ -187,7 +187,11 @@ def gpu_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="run on the CPU: a tiny Janus, fewer repeats, 2 images")
     parser.add_argument("--out", type=Path, default=Path("docs"), help="folder of gpu.md and gpu.json")
     parser.add_argument("--deadline", type=float, default=540, help="seconds for every section together")
-    parser.add_argument("--sections", default="ABCE", help="of A, B, C, E (D and F follow from what ran)")
+    parser.add_argument(
+        "--sections",
+        default="ABCE",
+        help="of A, B, C, E (D and F follow from what ran), and Q, the 7B shape in int8 and nf4, not by default",
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads of a --tiny run (1: steadier beside other work)"
     )

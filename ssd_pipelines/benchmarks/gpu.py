@@ -8,11 +8,14 @@ raises is recorded so, and the others still run; gpu.json is rewritten after eve
   B  Janus-Pro-7B's shape with random bf16 weights: the bare pass at widths 1 and 24, each vertical drafter's row,
      and each decoding end to end for one image against the bare pass of its width;
   C  projections: AR against SSD at the paper's pass counts and at the reference model's measured pass ratios;
-  E  host syncs of B's decodes: counted by `host_syncs`, and on CUDA named by torch's sync debug mode.
+  E  host syncs of B's decodes: counted by `host_syncs`, and on CUDA named by torch's sync debug mode;
+  Q  (only when asked: --sections Q) the 7B shape in int8 and nf4 beside bf16: memory, pass costs, whether it fits
+     8 and 12 GiB (`gpu_quantized.py`).
 
 D (peak memory per section, CUDA only) and F (issue 39's targets) follow from what ran.
 
     ssd-bench gpu                 # on a GPU, about 9 minutes -> docs/gpu.md and docs/gpu.json
+    ssd-bench gpu --sections Q --out docs/gpu_quantized   # the quantized 7B shape, about 4 minutes
     ssd-bench gpu --tiny          # the same code paths on the CPU (a tiny Janus, fewer repeats), under a minute
 """
 
@@ -48,9 +51,10 @@ from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from . import backbone_speed as bs
 from . import commands, report
+from .gpu_quantized import quantized_lines, quantized_section
 
 PROMPT = "a red circle left of a blue square"
-PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
+PROMPT_TOKENS = bs.PROMPT_TOKENS
 DTYPES = ("float32", "bfloat16")
 REFERENCE_DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},
@@ -77,10 +81,13 @@ SECTIONS = {
     "D": "Peak memory",
     "E": "Host syncs",
     "F": "Targets (issue 39)",
+    "Q": "Janus-Pro-7B's shape quantized (issue 41)",
 }
 TITLE = "GPU measurement: the reference model and Janus-Pro-7B's shape"
 PACKAGE = Path(__file__).resolve().parents[1]
-SHARES = {"A": 0.2, "B": 0.45, "C": 0.0, "E": 0.35}  # of --deadline, by the sections' length on an H200
+# of --deadline, by the sections' length on an H200; Q is not a default section (--sections Q), and takes all of
+# the deadline when it runs alone
+SHARES = {"A": 0.2, "B": 0.45, "C": 0.0, "E": 0.35, "Q": 0.35}
 
 
 class OutOfTime(Exception):
@@ -244,6 +251,7 @@ def planned(sections: str, tiny: bool) -> int:
         "B": 1 + len(VERTICAL_DRAFTERS) + len(MODES) * len(JANUS_DECODINGS),
         "C": 0,
         "E": len(JANUS_DECODINGS),
+        "Q": 3,
     }
     return sum(counts[name] for name in sections)
 
@@ -449,7 +457,13 @@ def host_sync_section(run: Run, res: dict) -> None:
             }
 
 
-MEASURES = {"A": reference_section, "B": janus_section, "C": projection_section, "E": host_sync_section}
+MEASURES = {
+    "A": reference_section,
+    "B": janus_section,
+    "C": projection_section,
+    "E": host_sync_section,
+    "Q": quantized_section,
+}
 
 
 @dataclass(frozen=True)
@@ -513,6 +527,7 @@ GPU_HOWTO = [
     "",
     "```bash",
     "pip install -e . && ssd-bench gpu     # writes docs/gpu.md and docs/gpu.json; --out DIR writes them elsewhere",
+    "pip install -e '.[quantization]' && ssd-bench gpu --sections Q --out docs/gpu_quantized  # the 7B shape in int8, nf4",
     "```",
     "",
     "A GPU machine without internet access needs the wheels of what this package requires and it lacks, built for",
@@ -705,6 +720,7 @@ def markdown(results: dict, on_gpu: bool) -> list[str]:
         "D": lambda res: memory_lines(res, on_gpu),
         "E": host_sync_lines,
         "F": target_lines,
+        "Q": quantized_lines,
     }
     for name, lines_of in body.items():
         lines += heading(name, results[name])
