@@ -164,3 +164,9 @@ def test_warning_sites_keep_the_matching_warnings_and_let_others_through():
 def test_ssd_bench_lists_gpu():
     with pytest.raises(SystemExit, match=r"\n  gpu "):
         ssd_bench([])
+
+
+def test_the_sections_declared_for_the_command_line_are_the_ones_it_runs():
+    from ssd_pipelines.benchmarks.commands import GPU_SECTIONS
+
+    assert "".join(gpu.SHARES) == GPU_SECTIONS == "".join(gpu.MEASURES)

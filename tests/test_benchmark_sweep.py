@@ -1,20 +1,23 @@
 """The sampling sweep runs end to end (on a tiny random pipeline: the numbers mean nothing here)."""
 
+import argparse
+
 import pytest
 
-from ssd_pipelines.benchmarks.sweep import main, parse_setting
+from ssd_pipelines.benchmarks.commands import sweep_setting
+from ssd_pipelines.benchmarks.sweep import main
 from ssd_pipelines.testing import tiny_pipeline
 
 
-def test_parse_setting_fills_the_defaults_and_converts_types():
-    assert parse_setting("guidance=5,top_k=50") == {"guidance": 5.0, "temperature": 1.0, "top_k": 50}
-    assert parse_setting("temperature=0.8") == {"guidance": 3.0, "temperature": 0.8, "top_k": 0}
+def test_a_setting_fills_the_defaults_and_converts_types():
+    assert sweep_setting("guidance=5,top_k=50") == {"guidance": 5.0, "temperature": 1.0, "top_k": 50}
+    assert sweep_setting("temperature=0.8") == {"guidance": 3.0, "temperature": 0.8, "top_k": 0}
 
 
-@pytest.mark.parametrize("text", ["guidence=5", "guidance", "guidance=5,top_k="])
-def test_parse_setting_names_the_keys_it_knows(text):
-    with pytest.raises(ValueError, match="write key=value with keys guidance, temperature, top_k"):
-        parse_setting(text)
+@pytest.mark.parametrize("text", ["guidence=5", "guidance", "guidance=5,top_k=", "top_k=many"])
+def test_a_setting_names_the_keys_it_knows(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="write key=value with keys guidance, temperature, top_k"):
+        sweep_setting(text)
 
 
 def test_sweep_prints_one_row_per_setting_against_the_first(tmp_path, capsys):

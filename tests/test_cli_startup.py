@@ -68,6 +68,8 @@ def parse_in_a_fresh_interpreter(module: str, function: str, argv: list[str]) ->
         ("ssd_pipelines.benchmarks", "main", ["gpu", "--help"], 0, "folder of gpu.md and gpu.json"),
         ("ssd_pipelines.benchmarks", "main", ["quantization", "--help"], 0, "the table; .json and .png beside it"),
         ("ssd_pipelines.benchmarks", "main", ["reference", "--no-such-flag"], 2, "unrecognized arguments"),
+        ("ssd_pipelines.benchmarks", "main", ["gpu", "--sections", "AZ"], 2, "letters of ABCEQ, each once, got 'AZ'"),
+        ("ssd_pipelines.benchmarks", "main", ["sweep", "--setting", "guidence=5"], 2, "bad setting 'guidence=5'"),
         ("ssd_pipelines.benchmarks", "main", ["drafters"], 2, "the following arguments are required: --heads"),
         ("ssd_pipelines.serving.bulk", "parse_args", ["--help"], 0, "usage: python -m ssd_pipelines.serving.bulk"),
         ("app.cli", "parse_args", ["--help"], 0, "usage: ssd-demo"),

@@ -13,6 +13,29 @@ SIDES = [8, 16, 24, 32]  # peers' scaling run: scaling.SIDES, which imports torc
 SERVE_DECODINGS = ("ar", "exact", "auto")
 CLIENTS = (1, 2, 4, 8, 16)
 REPLICAS = (1, 2)
+GPU_SECTIONS = "ABCEQ"  # what `ssd-bench gpu --sections` takes (gpu.SHARES); D and F follow from what ran
+SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}  # of `ssd-bench sweep --setting`
+
+
+def gpu_sections(text: str) -> str:
+    """`--sections` of `ssd-bench gpu`: letters of GPU_SECTIONS, each once."""
+    if not text or set(text) - set(GPU_SECTIONS) or len(set(text)) != len(text):
+        raise argparse.ArgumentTypeError(f"letters of {GPU_SECTIONS}, each once, got {text!r}")
+    return text
+
+
+def sweep_setting(text: str) -> dict:
+    """Parse "guidance=5,top_k=50" into {"guidance": 5.0, "temperature": 1.0, "top_k": 50}; unset keys keep defaults."""
+    setting = {"guidance": 3.0, "temperature": 1.0, "top_k": 0}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        try:
+            setting[key.strip()] = SETTING_TYPES[key.strip()](value)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"bad setting {item!r} in {text!r}: write key=value with keys {', '.join(SETTING_TYPES)}"
+            ) from None
+    return setting
 
 
 def add_reference_renders(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +78,10 @@ def sweep_parser() -> argparse.ArgumentParser:
         "--model", action="append", help="pipeline folder or repository, repeatable (default: the reference model)"
     )
     parser.add_argument(
-        "--setting", action="append", help="key=value[,key=value] of guidance, temperature, top_k; repeatable"
+        "--setting",
+        action="append",
+        type=sweep_setting,
+        help="key=value[,key=value] of guidance, temperature, top_k; repeatable",
     )
     parser.add_argument("--prompts", type=int, default=200, help="held-out prompts scored per setting")
     parser.add_argument("--images-per-prompt", type=int, default=1)
@@ -189,6 +215,7 @@ def gpu_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline", type=float, default=540, help="seconds for every section together")
     parser.add_argument(
         "--sections",
+        type=gpu_sections,
         default="ABCE",
         help="of A, B, C, E (D and F follow from what ran), and Q, the 7B shape in int8 and nf4, not by default",
     )

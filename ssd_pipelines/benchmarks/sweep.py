@@ -23,7 +23,6 @@ from ..reference.scenes import HELDOUT_SEED_START, sample_scene
 from . import commands, report
 from .reference import adherence, per_task_table, versus_baseline
 
-SETTING_TYPES = {"guidance": float, "temperature": float, "top_k": int}
 DEFAULT_SETTINGS = [
     "guidance=3",
     "guidance=1.5",
@@ -34,17 +33,6 @@ DEFAULT_SETTINGS = [
 ]
 
 
-def parse_setting(text: str) -> dict:
-    """Parse "guidance=5,top_k=50" into {"guidance": 5.0, "temperature": 1.0, "top_k": 50}; unset keys keep defaults."""
-    setting = {"guidance": 3.0, "temperature": 1.0, "top_k": 0}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key.strip() not in SETTING_TYPES or not value:
-            raise ValueError(f"bad setting {item!r} in {text!r}: write key=value with keys {', '.join(SETTING_TYPES)}")
-        setting[key.strip()] = SETTING_TYPES[key.strip()](value)
-    return setting
-
-
 def describe(setting: dict) -> str:
     return f"{setting['guidance']:g} | {setting['temperature']:g} | {setting['top_k'] or '-'}"
 
@@ -52,10 +40,7 @@ def describe(setting: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = commands.sweep_parser()
     args = parser.parse_args(argv)
-    try:
-        settings = [parse_setting(text) for text in args.setting or DEFAULT_SETTINGS]
-    except ValueError as error:
-        parser.error(str(error))
+    settings = args.setting or [commands.sweep_setting(text) for text in DEFAULT_SETTINGS]
 
     models = args.model or [default_model()]
     scenes = [sample_scene(HELDOUT_SEED_START + i) for i in range(args.prompts)]
