@@ -56,8 +56,9 @@ class SSDPipelineLoader:
                     {
                         "default": "float32",
                         "tooltip": "Precision of the weights. "
-                        + " ".join(f"{name}: {PRECISIONS[name].about}." for name in dtype_choices())
-                        + " Quantized backbones compute in float32 on the CPU, bfloat16 on a GPU.",
+                        + " ".join(f"{precision.name}: {precision.about}." for precision in PRECISIONS.values())
+                        + " Quantized backbones compute in float32 on the CPU, bfloat16 on a GPU. The list holds "
+                        "what this machine runs: int8 needs torchao, nf4 bitsandbytes.",
                     },
                 ),
                 "device": (
