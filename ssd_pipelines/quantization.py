@@ -82,6 +82,12 @@ def precision_options(name: str, device: str) -> dict:
     return options
 
 
+def repacks(in_features: int, out_features: int, block: int) -> bool:
+    """Whether bitsandbytes' AVX512-BF16 CPU kernels can repack a 4-bit layer: rows by NF4_CPU_ROWS, and whole
+    blocks of absmax along each row."""
+    return out_features % NF4_CPU_ROWS == 0 and in_features % block == 0
+
+
 def fit_nf4_to_cpu(model_class, folder, backbone_options: dict, name: str) -> dict:
     """`backbone_options` whose 4-bit bitsandbytes config leaves unquantized the linear layers that its AVX512-BF16
     CPU kernels cannot repack (`check_runs_on_cpu`), found on the model built without weights; a warning says how
@@ -108,7 +114,7 @@ def fit_nf4_to_cpu(model_class, folder, backbone_options: dict, name: str) -> di
         for path, m in skeleton.named_modules()
         if isinstance(m, torch.nn.Linear) and not any(path == k or path.startswith(k + ".") for k in kept)
     }
-    misfits = [path for path, m in linears.items() if m.out_features % NF4_CPU_ROWS or m.in_features % NF4_BLOCK]
+    misfits = [path for path, m in linears.items() if not repacks(m.in_features, m.out_features, NF4_BLOCK)]
     if not misfits:
         return backbone_options
     share = sum(linears[p].weight.numel() for p in misfits) / sum(m.weight.numel() for m in linears.values())
@@ -138,7 +144,7 @@ def check_runs_on_cpu(model: torch.nn.Module, name: str) -> None:
         if type(module).__name__ == "Linear4bit"
         and module.weight.device.type == "cpu"
         and getattr(module, "support_avx512bf16_for_cpu", False)
-        and (module.out_features % NF4_CPU_ROWS or module.in_features % module.weight.quant_state.blocksize)
+        and not repacks(module.in_features, module.out_features, module.weight.quant_state.blocksize)
     ]
     if misfits:
         raise ValueError(

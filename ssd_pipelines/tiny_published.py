@@ -41,20 +41,22 @@ def word_tokenizer(vocabulary: dict[str, int], specials: list[str], **roles: str
     return fast
 
 
+def _decoder_sizes(width: int) -> dict:
+    """The decoder every tiny model shares: two layers `width` wide, weights drawn at SCALE."""
+    return {
+        "hidden_size": width,
+        "intermediate_size": 2 * width,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "eos_token_id": 2,
+        "initializer_range": SCALE,
+    }
+
+
 def _text_config(vocab_size: int, bos: int, pad: int, width: int) -> dict:
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=width,
-        intermediate_size=2 * width,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=bos,
-        eos_token_id=2,
-        pad_token_id=pad,
-        initializer_range=SCALE,
-    ).to_dict()
+    return LlamaConfig(vocab_size=vocab_size, bos_token_id=bos, pad_token_id=pad, **_decoder_sizes(width)).to_dict()
 
 
 def tiny_janus(side: int = 4, codebook_size: int = 12, seed: int = 0, width: int = 32):
@@ -169,18 +171,11 @@ def tiny_lumina(codebook_size: int = 12, seed: int = 0, width: int = 32):
     }
     config = ChameleonConfig(
         vocab_size=len(vocabulary),
-        hidden_size=width,
-        intermediate_size=2 * width,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
         bos_token_id=1,
-        eos_token_id=2,
         pad_token_id=3,
-        initializer_range=SCALE,
         vq_config=vq,
         vocabulary_map=vocabulary,
+        **_decoder_sizes(width),
     )
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config).eval()

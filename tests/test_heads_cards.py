@@ -5,18 +5,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_backbones import image_token_name
 from transformers import (
-    ChameleonConfig,
     ChameleonForConditionalGeneration,
-    Emu3Config,
     Emu3ForConditionalGeneration,
     JanusForConditionalGeneration,
 )
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.backbones import Emu3Backbone, JanusProBackbone, LuminaMGPTBackbone
-from ssd_pipelines.benchmarks.backbone_speed import janus_pro_config
+from ssd_pipelines.benchmarks.backbone_speed import emu3_gen_config, janus_pro_config, lumina_mgpt_config
 from ssd_pipelines.publishing.heads_cards import REPOSITORIES, main
 
 CARDS = Path(__file__).parent.parent / "hub_cards"
@@ -31,21 +28,11 @@ def real_shaped(name: str):
         model.generation_config.bos_token_id, model.generation_config.pad_token_id = 100000, 100015
         return JanusProBackbone(model)
     if name == "ssd-heads-emu3-gen":
-        vocabulary = {f"<|visual token {c:06d}|>": 151854 + c for c in range(32768)}
-        vocabulary |= {"<|image start|>": 151851, "<|image token|>": 151852, "<|extra_200|>": 151846, "<image>": 0}
-        text = {"vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336, "num_key_value_heads": 8}
         with torch.device("meta"):
-            model = Emu3ForConditionalGeneration(
-                Emu3Config(text_config={**text, "max_position_embeddings": 9216}, vocabulary_map=vocabulary)
-            )
+            model = Emu3ForConditionalGeneration(emu3_gen_config())
         return Emu3Backbone(model)
-    specials = ["<racm3:break>", "<eoss>", "<reserved08706>", "<reserved08799>", "<image>"]
-    specials += [f"<reserved{8800 + n:05d}>" for n in range(64)]
-    vocabulary = {image_token_name(c): 4 + c for c in range(8192)} | {s: 8196 + i for i, s in enumerate(specials)}
     with torch.device("meta"):
-        model = ChameleonForConditionalGeneration(
-            ChameleonConfig(vocab_size=65536, hidden_size=4096, intermediate_size=11008, vocabulary_map=vocabulary)
-        )
+        model = ChameleonForConditionalGeneration(lumina_mgpt_config())
     return LuminaMGPTBackbone(model)
 
 

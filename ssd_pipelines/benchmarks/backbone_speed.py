@@ -28,12 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import JanusConfig, JanusForConditionalGeneration, LlamaConfig
+from transformers import ChameleonConfig, Emu3Config, JanusConfig, JanusForConditionalGeneration, LlamaConfig
 
 from ..backbones import JanusProBackbone
 from ..backbones.prompts import left_padded_batch
 from ..decoding.base import Block, both_branches
 from ..heads import DraftHeads
+from ..tiny_published import image_token_name
 
 PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
 PAPER_SSD_PASSES = (57, 80)  # the paper's passes per 24 x 24 image with SSD (r = 1 and its other setting)
@@ -66,6 +67,22 @@ def janus_pro_config(tiny: bool = False) -> JanusConfig:
         "num_image_tokens": patches * patches,
     }
     return JanusConfig(text_config=text.to_dict(), vision_config=vision, vq_config=vq, image_token_id=3)
+
+
+def emu3_gen_config() -> Emu3Config:
+    """BAAI/Emu3-Gen-hf's shape (its config.json values) and the vocabulary its adapter reads, for meta models."""
+    vocabulary = {f"<|visual token {c:06d}|>": 151854 + c for c in range(32768)}
+    vocabulary |= {"<|image start|>": 151851, "<|image token|>": 151852, "<|extra_200|>": 151846, "<image>": 0}
+    text = {"vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336, "num_key_value_heads": 8}
+    return Emu3Config(text_config={**text, "max_position_embeddings": 9216}, vocabulary_map=vocabulary)
+
+
+def lumina_mgpt_config() -> ChameleonConfig:
+    """Alpha-VLLM/Lumina-mGPT-7B-768's shape (Chameleon 7B) and the vocabulary its adapter reads, for meta models."""
+    specials = ["<racm3:break>", "<eoss>", "<reserved08706>", "<reserved08799>", "<image>"]
+    specials += [f"<reserved{8800 + n:05d}>" for n in range(64)]
+    vocabulary = {image_token_name(c): 4 + c for c in range(8192)} | {s: 8196 + i for i, s in enumerate(specials)}
+    return ChameleonConfig(vocab_size=65536, hidden_size=4096, intermediate_size=11008, vocabulary_map=vocabulary)
 
 
 def build(config: JanusConfig, device: torch.device, dtype: torch.dtype) -> tuple[JanusProBackbone, DraftHeads]:

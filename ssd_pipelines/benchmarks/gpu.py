@@ -54,7 +54,6 @@ from . import commands, report
 from .gpu_quantized import quantized_lines, quantized_section
 
 PROMPT = "a red circle left of a blue square"
-PROMPT_TOKENS = bs.PROMPT_TOKENS
 DTYPES = ("float32", "bfloat16")
 REFERENCE_DECODINGS: dict[str, dict] = {
     "ar": {"decoding": "ar"},
@@ -103,7 +102,7 @@ class JanusShape:
         self.backbone, cell = bs.build(bs.janus_pro_config(tiny), device, torch.float32 if tiny else torch.bfloat16)
         self.build_seconds = time.perf_counter() - started
         self.heads = {"cell": cell}
-        ids = torch.randint(3, 100, (2, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(3, 100, (2, bs.PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
         pad, grid = self.backbone.pad_token_id, self.backbone.grid
         self.batch = left_padded_batch(ids[:1].tolist(), ids[1:].tolist(), 1, pad, grid)
         self.sampling = SamplingConfig(guidance_scale=self.backbone.default_guidance_scale)
@@ -325,7 +324,7 @@ def janus_section(run: Run, res: dict) -> None:
         build_seconds=round(shape.build_seconds, 1),
     )
     with run.measuring("B bare passes"):
-        bare = bs.measure(backbone, shape.heads["cell"], 1, PROMPT_TOKENS, 2 * repeats)
+        bare = bs.measure(backbone, shape.heads["cell"], 1, bs.PROMPT_TOKENS, 2 * repeats)
         res["bare_passes"] = {**bare, "pass_bytes": shape.pass_bytes()}
     res["drafters"] = {}
     for kind in VERTICAL_DRAFTERS:
@@ -592,7 +591,7 @@ def janus_lines(res: dict, dtype: str) -> list[str]:
     lines = [
         f"`JanusForConditionalGeneration` of Janus-Pro-7B's shape ({res['backbone_parameters']:,} parameters,",
         f"{rows} x {cols} grid), random {dtype} weights (built in {res['build_seconds']} s), guidance batched (2 rows",
-        f"an image), one image, a {PROMPT_TOKENS}-token prompt. Random weights make acceptance meaningless: compare",
+        f"an image), one image, a {bs.PROMPT_TOKENS}-token prompt. Random weights make acceptance meaningless: compare",
         "seconds per pass, not passes.",
         "",
     ]
@@ -602,7 +601,7 @@ def janus_lines(res: dict, dtype: str) -> list[str]:
         lines += [
             "| bare pass (`backbone_speed.measure`) | ms |",
             "|---|---|",
-            f"| prefill ({PROMPT_TOKENS} prompt tokens) | {1e3 * bare['prefill']:.2f} |",
+            f"| prefill ({bs.PROMPT_TOKENS} prompt tokens) | {1e3 * bare['prefill']:.2f} |",
             f"| 1 token (`ar_step`: extend + code logits) | {1e3 * bare['ar_step']:.2f} |",
             f"| one row, {cols} tokens (`row_pass`) | {1e3 * bare['row_pass']:.2f} |",
             f"| per-cell vertical heads over a row | {1e3 * bare['heads']:.2f} |",

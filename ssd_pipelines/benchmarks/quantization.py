@@ -36,9 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import (
-    ChameleonConfig,
     ChameleonForConditionalGeneration,
-    Emu3Config,
     Emu3ForConditionalGeneration,
     JanusForConditionalGeneration,
     JanusVisionConfig,
@@ -53,7 +51,7 @@ from ..precisions import PRECISIONS, compute_dtype
 from ..quantization import precision_options
 from ..tiny_published import tiny_emu3, tiny_janus, tiny_lumina
 from . import commands, report
-from .backbone_speed import janus_pro_config
+from .backbone_speed import emu3_gen_config, janus_pro_config, lumina_mgpt_config
 from .measure_run import PeakMemory, release_freed_memory
 
 TITLE = "Quantized backbones: bytes, memory and speed per precision"
@@ -92,13 +90,10 @@ def published_checkpoints() -> list[Published]:
     an output head apart from its embeddings, as deepseek-llm-7b has (its checkpoint holds some 15 GB in bf16)."""
     janus = janus_pro_config()
     janus.vision_config, janus.tie_word_embeddings = JanusVisionConfig(), False
-    emu3_text = {"vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336, "num_key_value_heads": 8}
-    emu3 = Emu3Config(text_config=emu3_text, vocabulary_map={"<|extra_200|>": 151846, "<image>": 0})
-    lumina = ChameleonConfig(vocab_size=65536, hidden_size=4096, intermediate_size=11008, vocabulary_map={})
     return [
         Published("Janus-Pro-7B", JanusForConditionalGeneration, janus),
-        Published("Emu3-Gen", Emu3ForConditionalGeneration, emu3),
-        Published("Lumina-mGPT-7B-768", ChameleonForConditionalGeneration, lumina),
+        Published("Emu3-Gen", Emu3ForConditionalGeneration, emu3_gen_config()),
+        Published("Lumina-mGPT-7B-768", ChameleonForConditionalGeneration, lumina_mgpt_config()),
     ]
 
 
