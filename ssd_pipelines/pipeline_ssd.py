@@ -205,11 +205,12 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         return adapter_for(self.backbone, self.tokenizer, self.vqvae)
 
     def enable_compiled_passes(self, **compile_options) -> None:
-        """Run the backbone's forward passes through `torch.compile` (`compile_options`: its keywords).
+        """Run the backbone's forward passes, and the decoding steps between them (drafting, verification, block
+        `ssd`'s row of drafts), through `torch.compile` (`compile_options`: its keywords).
 
         By default dynamic=True: one compilation serves the passes of every width and batch. With dynamic=False, and
-        by default with the CUDA-graph modes ("reduce-overhead", "max-autotune"), the passes over the image take
-        static shapes, so that one graph serves every pass of a width (`CausalLMBackbone.compile_passes`).
+        by default with the CUDA-graph modes ("reduce-overhead", "max-autotune"), the passes over the image and the
+        steps take static shapes, so that one graph serves every pass of a width (`CausalLMBackbone.compile_passes`).
 
         Opt-in, as diffusers leaves `torch.compile` to its users: the first call compiles (a minute or more on a
         2-core CPU), later calls may run faster (docs/decoding.md, "Compiled passes"). The codes are eager's for
@@ -307,7 +308,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 pipelines the rows on that window, each cell verified at most `verify_rounds` times (default: the
                 paper's row blocks; docs/ssd_pipelined.md measures both). "auto": the window of its "exact".
             exact_max_batch: "auto" only: the largest batch (len(prompt) * num_images_per_prompt images) decoded
-                with "exact"; larger ones go to "ar" (default 3, measured on this project's CPU; 0: always "ar").
+                with "exact"; larger ones go to "ar" (default 1, measured on this project's CPU; 0: always "ar").
                 `stats["chosen_decoding"]` says which decoded.
             output_type: "pil", "np", "pt", or "latent" for the grid of codes.
             callback_on_step_end: called as `callback(pipe, row, row, {"codes": codes})` after each committed

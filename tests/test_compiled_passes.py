@@ -9,7 +9,7 @@ import torch
 
 from ssd_pipelines import ExactDecoding, SamplingConfig
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
-from ssd_pipelines.testing import tiny_pipeline
+from ssd_pipelines.testing import tiny_heads, tiny_pipeline
 
 CALLS = [("ar", {}), ("exact", {}), ("ssd", {"verify_rounds": 2}), ("ssd", {"verify_rounds": 2, "window": 5})]
 
@@ -56,7 +56,7 @@ def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
         fallen_back = codes(pipe, "exact", {}, 1.0)
         again = codes(pipe, "exact", {}, 1.0)
     said = [str(w.message) for w in seen if "could not compile this backbone's pass" in str(w.message)]
-    assert len(said) == 1 and "run eagerly from now on" in said[0], [str(w.message) for w in seen]
+    assert len(said) == 1 and "from now on it runs eagerly" in said[0], [str(w.message) for w in seen]
     assert torch.equal(fallen_back, eager) and torch.equal(again, eager)
     assert not pipe.image_backbone.passes_compiled
 
@@ -102,4 +102,41 @@ def test_static_passes_take_one_graph_a_width_and_give_eager_codes():
     assert graphs <= 10 < passes, (graphs, passes)
     # one graph a pass: the hidden states the heads read reach the call inside it (a context variable broke it)
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    pipe.disable_compiled_passes()
+
+
+def tracing_backend(traces: list[str]):
+    """aot_eager, recording the source lines each graph was traced from (their functions' names included)."""
+
+    def backend(graph_module, example_inputs):
+        traces.append("\n".join(node.meta.get("stack_trace") or "" for node in graph_module.graph.nodes))
+        return torch._dynamo.lookup_backend("aot_eager")(graph_module, example_inputs)
+
+    return backend
+
+
+@pytest.mark.parametrize("drafter", ["cell", "inrow", "recurrent"])
+def test_drafting_and_verification_steps_compile_with_the_passes_and_give_eager_codes(drafter):
+    """The engines' steps between passes are graphs of their own, traced whole, and eager's codes come out: the
+    frontier's drafting step (its window's width under static passes) and its verification, and block ssd's row,
+    which an in-row drafter steps through cell by cell (one graph for the whole row, its uniforms drawn before)."""
+    pipe = tiny_pipeline()
+    pipe.heads = tiny_heads(pipe.image_backbone, drafter=drafter)
+    calls = [("exact", {}), ("ssd", {"verify_rounds": 2}), ("ssd", {"verify_rounds": 2, "window": 5})]
+    eager = [codes(pipe, decoding, options, 1.0) for decoding, options in calls]
+    traces: list[str] = []
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    pipe.enable_compiled_passes(dynamic=False, backend=tracing_backend(traces))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled = [codes(pipe, decoding, options, 1.0) for decoding, options in calls]
+    for call, expected, got in zip(calls, eager, compiled):
+        assert torch.equal(got, expected), call
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    for step in ("in _draft_step", "in _verify", "in _draft_row"):
+        assert any(step in trace for trace in traces), step
+    if drafter != "cell":  # a whole row of sequential cells in one graph: each cell's draft is traced in it
+        row = next(trace for trace in traces if "in _draft_row" in trace)
+        assert row.count("drafter.step(") >= pipe.image_backbone.grid.cols - 1
     pipe.disable_compiled_passes()

@@ -14,6 +14,7 @@ tokens, Lumina-mGPT's image start and size tokens) is part of the prompt batch:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +178,14 @@ class ImageBackbone(ABC):
     def compile_passes(self, options: dict | None) -> None:
         """Run the forward passes through `torch.compile(**options)`, or eagerly again with None."""
         raise NotImplementedError(f"{type(self).__name__} cannot compile its passes.")
+
+    passes_compiled: bool = False
+    static_passes: bool = False  # passes over the image take static shapes (`compile_passes` with dynamic=False)
+
+    def compiled(self, fn: Callable, what: str) -> Callable:
+        """An engine's step `fn`, through torch.compile where `compile_passes` asked for it (`what` names it in the
+        warning should the backend fail)."""
+        return fn
 
     @abstractmethod
     def memory_per_row(self, prompt_width: int, grid: ImageGrid) -> int:

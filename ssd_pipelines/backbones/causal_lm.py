@@ -11,7 +11,7 @@ hidden states *before* the final norm, taken from the same pass.
 from __future__ import annotations
 
 import threading
-import warnings
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -19,10 +19,11 @@ from packaging.version import Version
 from torch import nn
 
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
+from .compiled import CompiledPasses
 from .kv_cache import PreallocatedCache, preallocated_cache, write_rows_at
 
 _hook_lock = threading.Lock()
-COMPILED = "_ssd_compiled_forward"  # where a decoder keeps its compiled forward (`CausalLMBackbone.compile_passes`)
+COMPILED = "_ssd_compiled_passes"  # where a decoder keeps its `CompiledPasses` (`CausalLMBackbone.compile_passes`)
 
 
 def record_norm_input(_module: nn.Module, _args: tuple, kwargs: dict, output) -> None:
@@ -94,27 +95,18 @@ class CausalLMBackbone(ImageBackbone):
             "cache": state.cache,
             "use_cache": True,
         }
-        compiled = None if eager else self.decoder.__dict__.get(COMPILED, (None,))[0]
-        try:
-            compiled(**inputs) if compiled is not None else self.decoder(**inputs)
-        except Exception as error:  # a pass the backend cannot compile runs eagerly, once said
-            if compiled is None:
-                raise
-            # eager from now on, in the same shapes: a cache written at its rows' slots stays so
-            self.decoder.__dict__[COMPILED] = (None, self.static_passes)
-            warnings.warn(
-                f"torch.compile could not compile this backbone's pass ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''}): its passes run eagerly from now on.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        compiled = self._compiled_passes
+        if compiled is None or eager:
             self.decoder(**inputs)
+        else:  # a backend that fails runs it eagerly from then on, in the same shapes: the cache stays at its slots
+            compiled.forward(**inputs)
         hidden, state.cache.norm_input = state.cache.norm_input, None
         state.length += embeds.shape[1]
         return hidden.to(self.device)  # from the last layer's device to the final norm's, should a device map part them
 
     def compile_passes(self, options: dict | None) -> None:
-        """Run the decoder's passes through `torch.compile(decoder.forward, **options)`, or eagerly again with None.
+        """Run the decoder's passes, and the engines' steps that ask (`compiled`), through
+        `torch.compile(fn, **options)`, or eagerly again with None.
 
         With dynamic=False the passes over the image take static shapes: each attends over every image slot of the
         cache (what a row has not written is masked), so one compiled graph serves every pass of a width, as CUDA
@@ -122,21 +114,32 @@ class CausalLMBackbone(ImageBackbone):
 
         Kept on the decoder module, which the pipeline's adapters share (an adapter is rebuilt on every access): a
         device or dtype it moves to fails the compiled code's guards, which compiles anew. Eager stays the
-        reference; a pass the backend cannot compile warns once and runs eagerly from then on (`_run`)."""
+        reference; a function the backend cannot compile warns once and runs eagerly from then on
+        (`compiled.CompiledFunction`)."""
         if options is None:
             self.decoder.__dict__.pop(COMPILED, None)
         else:
-            static = options.get("dynamic") is False
-            self.decoder.__dict__[COMPILED] = (torch.compile(self.decoder.forward, **options), static)
+            self.decoder.__dict__[COMPILED] = CompiledPasses(self.decoder.forward, options)
+
+    @property
+    def _compiled_passes(self) -> CompiledPasses | None:
+        return self.decoder.__dict__.get(COMPILED)
 
     @property
     def passes_compiled(self) -> bool:
-        return self.decoder.__dict__.get(COMPILED, (None,))[0] is not None
+        compiled = self._compiled_passes
+        return compiled is not None and compiled.forward.active
 
     @property
     def static_passes(self) -> bool:
         """Whether the passes over the image take static shapes (`compile_passes` with dynamic=False)."""
-        return self.decoder.__dict__.get(COMPILED, (None, False))[1]
+        compiled = self._compiled_passes
+        return compiled is not None and compiled.static
+
+    def compiled(self, fn: Callable, what: str) -> Callable:
+        """An engine's step `fn` through torch.compile with the passes' options, or `fn` when they run eagerly."""
+        compiled = self._compiled_passes
+        return fn if compiled is None else compiled.step(fn, what)
 
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:

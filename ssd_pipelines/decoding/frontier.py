@@ -50,7 +50,7 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import NoiseTape, reweighted, sample_with, verify_with
 from .base import DecodeRun
-from .sliding import Progress, SlidingWindow
+from .sliding import Progress, SlidingWindow, Window
 
 
 def committed_positions(changed: torch.Tensor) -> torch.Tensor:
@@ -127,16 +127,22 @@ class FrontierRun(SlidingWindow):
         self._pass(progress, noise[:, : 5 * W1].unflatten(1, (5, W1)).unbind(1))
 
     def _pass(self, progress: Progress, noise: tuple[torch.Tensor, ...]) -> None:
-        """One forward pass over each image's window: verify, advance the frontier, re-propose."""
-        run, grid, W = self.run, self.grid, self.window
-        accept_noise, residual_noise, fresh_noise, *repropose_noise = noise  # [B, W + 1] each
+        """One forward pass over each image's window, then what it decides (`_verify`)."""
+        run, W = self.run, self.window
         window = self.place()
-        positions, cells, codes = window.positions, window.cells, window.codes
-        starts = positions[:, 0]
-        embeds = run.embed_positions(codes[:, :W], cells[:, :W])
-        out = run.backbone.extend_rows(self.state, embeds, self.both(starts), self.attended(progress))
+        embeds = run.embed_positions(window.codes[:, :W], window.cells[:, :W])
+        out = run.backbone.extend_rows(self.state, embeds, self.both(window.positions[:, 0]), self.attended(progress))
         run.stats.forward_passes += 1
         run.stats.positions_processed += W
+        run.backbone.compiled(FrontierRun._verify, "the verification step")(self, window, out, noise)
+
+    def _verify(self, window: Window, out: torch.Tensor, noise: tuple[torch.Tensor, ...]) -> None:
+        """What a pass's outputs [B', W, d] decide: verify, advance the frontier, re-propose. One step of tensors
+        without a read of the host, compiled with the passes."""
+        run, grid = self.run, self.grid
+        accept_noise, residual_noise, fresh_noise, *repropose_noise = noise  # [B, W + 1] each
+        positions, cells, codes = window.positions, window.cells, window.codes
+        starts = positions[:, 0]
         predicting = torch.cat([out[:, :1], out], dim=1)  # position i is predicted by output i - 1 (i >= 1)
         p = run.probs(predicting)  # [B, W + 1, K]; position 0 is final or committed, its p unused
         # 2. Verify every cell past the frontier whose p is valid; sample the first cell without a code.
@@ -219,30 +225,37 @@ class FrontierRun(SlidingWindow):
     def _draft(self, progress: Progress, noise: torch.Tensor) -> None:
         """1. Draft the first `progress.to_draft` cells without a code of each window (all of them), in raster order:
         in `draft_steps` steps, or one a step for an in-row drafter, each drafting every one whose inputs are there.
-        The j-th of an image's cells draws with noise [B, W] column j, whichever step drafts it."""
+        The j-th of an image's cells draws with noise [B, W] column j, whichever step drafts it. With static passes
+        every step takes the whole window, its cells past the count masked, so that one graph serves every pass."""
         count = progress.to_draft
         if count == 0:
             return
-        run, grid = self.run, self.grid
         cells, missing = self.missing()
         slot = torch.where(missing, torch.arange(self.window, device=cells.device), self.window)
-        order = slot.sort(dim=1).values[:, :count]  # [B, n]: window index of each image's j-th missing cell
-        valid = order < self.window
+        width = self.window if self.run.backbone.static_passes else count
+        order = slot.sort(dim=1).values[:, :width]  # [B, n]: window index of each image's j-th missing cell
+        valid = (order < self.window) & (torch.arange(width, device=cells.device) < count)
         cells = torch.where(valid, cells.gather(1, order.clamp_max(self.window - 1)), 0)  # cell 0 is never drafted
-        first_row = progress.done < grid.cols  # some image's window may reach into the first row
+        first_row = progress.done < self.grid.cols  # some image's window may reach into the first row
+        step = self.run.backbone.compiled(FrontierRun._draft_step, "the drafting step")
         for _ in range(count if self.drafter.left_codes else self.draft_steps):
-            has_code = run.codes.gather(1, cells) >= 0
-            drafted, can = self._vertical_drafts(cells), self._vertical_ready(cells)
-            if first_row:
-                right, can_right = self._horizontal_drafts(cells)
-                drafted = torch.where(self.both(cells < grid.cols)[..., None], right, drafted)
-                can = torch.where(cells < grid.cols, can_right, can)
-            can &= valid & ~has_code
-            q = run.probs(drafted)  # [B, n, K]
-            scatter_where(run.codes, cells, sample_with(q, noise[:, : cells.shape[1]]), can)
-            scatter_where(self.q, torch.where(can, cells % self.ring, self.ring), q, can)
-            scatter_where(self.hidden, self.both(cells), drafted.to(self.hidden.dtype), self.both(can))
-            scatter_where(run.final_round, cells, torch.ones_like(cells), can)
+            step(self, cells, valid, noise[:, :width], first_row)
+
+    def _draft_step(self, cells: torch.Tensor, valid: torch.Tensor, noise: torch.Tensor, first_row: bool) -> None:
+        """Draft each of cells [B, n] that is `valid`, has no code and whose inputs are there, with noise [B, n]."""
+        run, grid = self.run, self.grid
+        has_code = run.codes.gather(1, cells) >= 0
+        drafted, can = self._vertical_drafts(cells), self._vertical_ready(cells)
+        if first_row:
+            right, can_right = self._horizontal_drafts(cells)
+            drafted = torch.where(self.both(cells < grid.cols)[..., None], right, drafted)
+            can = torch.where(cells < grid.cols, can_right, can)
+        can &= valid & ~has_code
+        q = run.probs(drafted)  # [B, n, K]
+        scatter_where(run.codes, cells, sample_with(q, noise), can)
+        scatter_where(self.q, torch.where(can, cells % self.ring, self.ring), q, can)
+        scatter_where(self.hidden, self.both(cells), drafted.to(self.hidden.dtype), self.both(can))
+        scatter_where(run.final_round, cells, torch.ones_like(cells), can)
 
     def _hidden_at(self, cells: torch.Tensor) -> torch.Tensor:
         """The latest hidden states predicting cells [B, ...] in both branches -> [B', ..., d]."""

@@ -160,42 +160,54 @@ class SSDDecoding(DecodingStrategy):
         return codes, torch.cat([p_first[:, None], q_rest], dim=1)
 
     def _draft_below(self, run: DecodeRun, block: Block, h_next, row_hidden, row_embeds, noise: torch.Tensor):
-        """Whole-row block: the vertical drafter drafts each row from the committed row above; the first cell is
-        drawn from its exact distribution (h_next). A drafter that reads the codes drawn to a cell's left goes left
-        to right, a cell a step ("recurrent": each also reads the state predicting the cell to its left, h_next for
-        the first cell's right neighbour); any other drafts a row in one step. Every q is what its code was drawn
-        from. noise: [B, n], one draw per cell."""
+        """Whole-row block: the vertical drafter drafts each row from the committed row above (`_draft_row`, one
+        step compiled with the passes); the first cell is drawn from its exact distribution (h_next). Every q is
+        what its code was drawn from. noise: [B, n], one draw per cell."""
+        cols = run.grid.cols
+        draft_row = run.backbone.compiled(SSDDecoding._draft_row, "the row-drafting step")
+        codes, qs = [], []
+        for dy in range(1, block.last_row - block.first_row + 2):
+            first = h_next if dy == 1 else None
+            code, q = draft_row(self, run, row_hidden, row_embeds, first, noise[:, (dy - 1) * cols : dy * cols], dy)
+            codes.append(code)
+            qs.append(q)
+        return torch.cat(codes, dim=1), torch.cat(qs, dim=1)
+
+    def _draft_row(self, run: DecodeRun, row_hidden, row_embeds, h_first, noise: torch.Tensor, dy: int):
+        """The row dy below the committed one -> its codes and q [B, C], [B, C, K], its first cell from h_first
+        [B', d] when given. A drafter that reads the codes drawn to a cell's left goes left to right, a cell a step
+        ("recurrent": each also reads the state predicting the cell to its left, h_first for the first cell's
+        right neighbour); any other drafts the row at once. Its uniforms drawn beforehand, the whole row is one
+        step of tensors: one graph, or one CUDA graph, however many cells it steps through."""
         drafter, cols = self.heads.vertical, run.grid.cols
         batch = row_embeds.shape[0]
         width = 1 if drafter.left_codes else cols  # cells a step
+        context = drafter.context(row_hidden, row_embeds, dy)  # [B', C, d_h]
+        left = state = None
+        if drafter.left_codes:  # at x = 0 every x - j is off the row
+            off_row = torch.ones(batch, drafter.left_codes, dtype=torch.bool, device=row_embeds.device)
+            left = drafter.start_embeds(row_embeds.new_zeros(*off_row.shape, row_embeds.shape[-1]), off_row)
+        if drafter.reads_left_state:
+            state = torch.zeros_like(row_hidden[:, 0])
         codes, qs = [], []
-        for dy in range(1, block.last_row - block.first_row + 2):
-            context = drafter.context(row_hidden, row_embeds, dy)  # [B', C, d_h]
-            left = state = None
-            if drafter.left_codes:  # at x = 0 every x - j is off the row
-                off_row = torch.ones(batch, drafter.left_codes, dtype=torch.bool, device=row_embeds.device)
-                left = drafter.start_embeds(row_embeds.new_zeros(*off_row.shape, row_embeds.shape[-1]), off_row)
-            if drafter.reads_left_state:
-                state = torch.zeros_like(row_hidden[:, 0])
-            for x in range(0, cols, width):
-                first = dy == 1 and x == 0  # the first cell's distribution is known exactly
-                if first and width == 1:
-                    drafted = h_next[:, None]  # nothing to draft
-                else:
-                    step_left = None if left is None else left[:, None]
-                    step_state = None if state is None else state[:, None]
-                    drafted = drafter.step(context[:, x : x + width], step_left, step_state, dy).to(h_next.dtype)
-                    if first:
-                        drafted[:, 0] = h_next
-                q = run.probs(drafted)  # [B, width, K]
-                cell = (dy - 1) * cols + x
-                code = sample_with(q, noise[:, cell : cell + width])
-                codes.append(code)
-                qs.append(q)
-                if left is not None:  # e(x - 1) first
-                    left = torch.cat([run.embed_codes(code[:, -1])[:, None].to(left.dtype), left[:, :-1]], dim=1)
-                if state is not None:
-                    state = drafted[:, -1]
+        for x in range(0, cols, width):
+            first = h_first is not None and x == 0  # the first cell's distribution is known exactly
+            if first and width == 1:
+                drafted = h_first[:, None]  # nothing to draft
+            else:
+                step_left = None if left is None else left[:, None]
+                step_state = None if state is None else state[:, None]
+                drafted = drafter.step(context[:, x : x + width], step_left, step_state, dy).to(row_hidden.dtype)
+                if first:
+                    drafted[:, 0] = h_first
+            q = run.probs(drafted)  # [B, width, K]
+            code = sample_with(q, noise[:, x : x + width])
+            codes.append(code)
+            qs.append(q)
+            if left is not None:  # e(x - 1) first
+                left = torch.cat([run.embed_codes(code[:, -1])[:, None].to(left.dtype), left[:, :-1]], dim=1)
+            if state is not None:
+                state = drafted[:, -1]
         return torch.cat(codes, dim=1), torch.cat(qs, dim=1)
 
     def _verify(self, run: DecodeRun, state, block: Block, h_before, codes, q, noise, rounds, commit: bool):
