@@ -50,7 +50,10 @@ def test_the_janus_shape_times_passes_drafters_and_decodings(tiny_run):
         (m, d) for m in gpu.MODES for d in gpu.JANUS_DECODINGS
     ]
     by_mode = {m: [r["passes"] for r in b["decodings"] if r["mode"] == m] for m in gpu.MODES}
-    assert by_mode["compiled"] == by_mode["eager"]  # the same seeds through compiled passes: the same decodes
+    # the same seeds through compiled, and static (captured) passes and steps: the same decodes
+    assert by_mode["compiled"] == by_mode["eager"] == by_mode["captured"]
+    assert b["cudagraph_skips"] == 0  # --tiny traces with the eager backend: nothing asked to be captured
+    assert all(d["seconds_per_row"] > 0 and d["seconds_per_row_compiled"] > 0 for d in b["drafters"].values())
     assert all(type(r["passes"]) is int for r in b["decodings"])
     ar = b["decodings"][0]
     assert ar["passes"] == 16 and ar["per_bare_pass"] == pytest.approx(ar["seconds"] / 16 / b["bare_passes"]["ar_step"])
