@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from ssd_pipelines.decoding.options import EXACT_MAX_BATCH
 from ssd_pipelines.serving import cli
 from ssd_pipelines.serving.crossover import measure, measure_crossover, pick_crossover
 from ssd_pipelines.serving.deployment import build_app
@@ -61,7 +62,7 @@ def test_the_servers_crossover_fills_in_for_auto_requests_that_leave_it_out(tiny
     ar = prepare(tiny, GenerateRequest(prompt="a red circle", decoding="ar"), option_defaults=server)
     assert "exact_max_batch" not in ar.options
     default = prepare(tiny, GenerateRequest(prompt="a red circle", decoding="auto"))
-    assert default.options["exact_max_batch"] == 3
+    assert default.options["exact_max_batch"] == EXACT_MAX_BATCH.default == 1
 
 
 def test_ssd_serve_takes_a_crossover_or_measure():

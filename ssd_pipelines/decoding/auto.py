@@ -4,9 +4,9 @@
 decodes a batch changes the draw but not what is drawn. Speculative decoding
 saves passes by running extra positions in each, which is nearly free while a
 batch leaves the device idle and costs more than it saves once the batch fills
-it: on this project's 2-core CPU `exact` takes 0.79x, 0.95x and 1.07x `ar`'s
-time per image at batches 2, 3 and 4 (docs/decoding.md, "`auto`"). So `auto`
-decodes a batch of at most `exact_max_batch` images (default 3) with `exact`, a
+it: on this project's 2-core CPU `exact` is faster than `ar` per image alone and
+slower from batches of 2 or 3 on (docs/decoding.md, "`auto`"). So `auto`
+decodes a batch of at most `exact_max_batch` images (default 1) with `exact`, a
 larger one with `ar`; a server measures its own crossover at start-up and
 passes it. The choice follows the batch's size, so across the crossover an
 image's codes depend on its batch even with one generator per image.

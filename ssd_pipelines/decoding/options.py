@@ -40,7 +40,7 @@ VERIFY_ROUNDS = DecodingOption("verify_rounds", 2, 0, "the most verification rou
 VERTICAL_ROWS = DecodingOption("vertical_rows", 1, 1, "rows the vertical heads draft at once")
 WINDOW = DecodingOption("window", None, 1, "image positions verified per pass; default one row")
 EXACT_MAX_BATCH = DecodingOption(
-    "exact_max_batch", 3, 0, "the largest batch decoded with exact; larger ones with ar (0: always ar)"
+    "exact_max_batch", 1, 0, "the largest batch decoded with exact; larger ones with ar (0: always ar)"
 )
 
 

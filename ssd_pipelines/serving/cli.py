@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="N|measure",
         help="auto's crossover for requests that leave it out: the largest call decoded with exact, larger ones "
-        "with ar; 'measure': each replica times exact against ar at start-up (~30 s on a CPU); default 3",
+        "with ar; 'measure': each replica times exact against ar at start-up (~30 s on a CPU); default 1",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica (default 1)")
     parser.add_argument(

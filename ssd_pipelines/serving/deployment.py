@@ -224,7 +224,7 @@ def build_app(
     at once (default: twice `max_batch_size`, so that one batch fills while another decodes); beyond
     `max_queued_requests` waiting, Serve answers 503. `exact_max_batch`: `auto`'s crossover for requests that leave
     it out: an int, "measure" (each replica times exact against ar at start-up, about half a minute on a CPU), or
-    None (the default, 3)."""
+    None (the default, 1)."""
     if max_batch_size < 1 or batch_wait_timeout_s < 0:
         raise ValueError(
             f"max_batch_size must be >= 1 and batch_wait_timeout_s >= 0, got {max_batch_size}, {batch_wait_timeout_s}."
