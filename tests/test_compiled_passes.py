@@ -3,11 +3,16 @@ and fall back to eager, saying so once, where the backend cannot compile (issue 
 seconds on this CPU: each test compiles once."""
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from threading import Barrier
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 
 from ssd_pipelines import ExactDecoding, SamplingConfig
+from ssd_pipelines.backbones.causal_lm import STATIC_PROMPT_MULTIPLE
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.testing import tiny_heads, tiny_pipeline
 
@@ -105,6 +110,30 @@ def test_static_passes_take_one_graph_a_width_and_give_eager_codes():
     pipe.disable_compiled_passes()
 
 
+def test_static_passes_serve_prompts_of_other_lengths_with_the_same_graphs():
+    """The prompts' width sets the shapes of the cache and of every pass's mask: under static passes it is padded to
+    a multiple of STATIC_PROMPT_MULTIPLE tokens, so a prompt of another length compiles nothing new (dynamo would
+    compile each width anew, and run eagerly from its eighth)."""
+    pipe = tiny_pipeline()
+    prompts = ["blue", "a red circle", "a red circle left of a blue square"]
+    widths = {pipe.image_backbone.encode_prompts([p], guidance=True).input_ids.shape[1] for p in prompts}
+    assert len(widths) == len(prompts) and max(widths) <= STATIC_PROMPT_MULTIPLE, widths
+
+    def call(prompt):
+        return pipe([prompt], decoding="exact", generator=torch.Generator().manual_seed(3), output_type="latent").codes
+
+    eager = [call(prompt) for prompt in prompts]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
+    assert torch.equal(call(prompts[0]), eager[0])
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for prompt, expected in zip(prompts[1:], eager[1:]):
+        assert torch.equal(call(prompt), expected), prompt
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    pipe.disable_compiled_passes()
+
+
 def tracing_backend(traces: list[str]):
     """aot_eager, recording the source lines each graph was traced from (their functions' names included)."""
 
@@ -140,3 +169,173 @@ def test_drafting_and_verification_steps_compile_with_the_passes_and_give_eager_
         row = next(trace for trace in traces if "in _draft_row" in trace)
         assert row.count("drafter.step(") >= pipe.image_backbone.grid.cols - 1
     pipe.disable_compiled_passes()
+
+
+def poison(tensor: torch.Tensor) -> None:
+    """Overwrite a tensor as a CUDA graph's next replay overwrites what it returned before."""
+    if tensor.dtype == torch.bool:
+        tensor.logical_not_()
+    elif tensor.is_floating_point():
+        tensor.fill_(float("nan"))
+    else:
+        tensor.fill_(-(2**40))
+
+
+class CudaGraphRules:
+    """What CUDA graphs ask of a graph (mode="reduce-overhead"), checked on the CPU as a backend over aot_eager's
+    graphs:
+    - `unheld`: per graph, the inputs it writes that are not static. A CUDA graph replays over the addresses it
+      recorded, so inductor runs such a graph without one;
+    - `addresses`: per graph, the addresses of its static inputs at each run. Where they moved, inductor records
+      the graph again;
+    - as each replay writes its outputs into the memory of the last, every output of every earlier graph is
+      poisoned when a graph runs: a call that keeps one, rather than a copy, goes wrong."""
+
+    def __init__(self):
+        self.unheld: list[list[int]] = []
+        self.addresses: dict[int, set[tuple[int, ...]]] = {}
+        self.backend = aot_autograd(fw_compiler=self.compile_graph, keep_inference_input_mutations=True)
+
+    def compile_graph(self, graph_module, example_inputs):
+        meta = torch._guards.TracingContext.get().fw_metadata
+        static = list(meta.static_input_indices)
+        written = {i for i, info in enumerate(meta.input_info) if info.mutates_data}
+        self.unheld.append(sorted(written - set(static)))
+        graph = len(self.unheld)
+        returned = self.returned = getattr(self, "returned", [])
+
+        def replay(*args):
+            self.addresses.setdefault(graph, set()).add(tuple(args[i].data_ptr() for i in static))
+            for tensor in returned:
+                poison(tensor)
+            returned.clear()
+            outputs = graph_module(*args)
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            returned.extend(  # a view of an input is the input's memory, not the graph's
+                o for o in outputs if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs
+            )
+            return outputs
+
+        return make_boxed_func(replay)
+
+
+@pytest.mark.parametrize("drafter", ["cell", "recurrent"])
+def test_passes_captured_as_cuda_graphs_hold_what_they_write_and_keep_no_output(drafter, monkeypatch):
+    """mode="reduce-overhead" on a GPU replays each graph as a CUDA graph. Here torch.compile is given the CPU
+    stand-in of those rules (`CudaGraphRules`) in its place: every graph of every decoding writes only held state
+    (the KV cache, the codes, the frontier's q, hidden states and counters); eager's codes come out although each
+    graph's outputs are overwritten as the next one runs; and a call repeated in a thread finds its state where the
+    last one left it, so its graphs replay rather than record again."""
+    pipe = tiny_pipeline()
+    pipe.heads = tiny_heads(pipe.image_backbone, drafter=drafter)
+    calls = [*CALLS, ("ssd", {"vertical_rows": 2})] if drafter == "cell" else CALLS  # a block of two rows
+    eager = [codes(pipe, decoding, options, 1.0) for decoding, options in calls]
+    rules = CudaGraphRules()
+    compile_for_the_cpu = torch.compile
+
+    def compile_as_cuda_graphs(fn, mode=None, **options):
+        assert mode == "reduce-overhead"
+        return compile_for_the_cpu(fn, backend=rules.backend, **options)
+
+    monkeypatch.setattr(torch, "compile", compile_as_cuda_graphs)
+    torch._dynamo.reset()
+    pipe.enable_compiled_passes(mode="reduce-overhead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        captured = [codes(pipe, decoding, options, 1.0) for decoding, options in calls]
+        for call, expected, got in zip(calls, eager, captured):
+            assert torch.equal(got, expected), call
+        assert len(rules.unheld) >= 4 and not any(rules.unheld), rules.unheld  # passes and steps: none loose
+        rules.addresses.clear()
+        again = [codes(pipe, "exact", {}, 1.0) for _ in range(2)]
+    assert torch.equal(again[0], eager[1]) and torch.equal(again[1], eager[1])
+    moved = {graph: len(seen) for graph, seen in rules.addresses.items() if len(seen) > 1}
+    assert rules.addresses and not moved, moved
+    pipe.disable_compiled_passes()
+
+
+def test_compiled_calls_in_two_threads_each_give_their_seeds_codes():
+    """Gradio and ComfyUI call one pipeline from worker threads: the compiled steps share graphs, never a call's
+    state. The two calls wait for each other after every row, so their passes interleave all the way."""
+    pipe = tiny_pipeline()
+    seeds = (1, 2)
+
+    def call(seed, **kwargs):
+        generator = torch.Generator().manual_seed(seed)
+        return pipe(["a red circle"], decoding="exact", generator=generator, output_type="latent", **kwargs).codes
+
+    eager = [call(seed) for seed in seeds]
+    torch._dynamo.reset()
+    pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
+    call(seeds[0])  # compile once, so that both threads run graphs
+    rows_met = Barrier(len(seeds), timeout=60)
+
+    def lockstep(_pipe, _row, _timestep, _tensors):
+        rows_met.wait()
+        return {}
+
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        together = [f.result() for f in [pool.submit(call, seed, callback_on_step_end=lockstep) for seed in seeds]]
+    for alone, got in zip(eager, together):
+        assert torch.equal(got, alone)
+    pipe.disable_compiled_passes()
+
+
+def test_an_interrupted_compiled_call_stops_after_the_row_it_is_in():
+    pipe = tiny_pipeline()
+    rows = 3
+
+    def first_rows(decoding, **options):
+        def stop(p, row, _timestep, _tensors):
+            p._interrupt = row == rows - 1
+            return {}
+
+        out = pipe(
+            ["blue"],
+            decoding=decoding,
+            generator=torch.Generator().manual_seed(5),
+            output_type="latent",
+            callback_on_step_end=stop,
+            **options,
+        )
+        return out.rows_completed, out.stats["forward_passes"], out.codes[:, :rows]
+
+    calls = [("ar", {}), ("exact", {}), ("ssd", {"verify_rounds": 2})]
+    eager = [first_rows(decoding, **options) for decoding, options in calls]
+    full = pipe(["blue"], decoding="ar", output_type="latent").stats["forward_passes"]
+    torch._dynamo.reset()
+    pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
+    for call, (rows_done, passes, first) in zip(calls, eager):
+        got_rows, got_passes, got_first = first_rows(call[0], **call[1])
+        assert got_rows == rows_done == rows and got_passes == passes, call
+        assert torch.equal(got_first, first), call
+    assert eager[0][1] < full
+    pipe.disable_compiled_passes()
+
+
+def test_a_pipeline_moved_to_another_dtype_compiles_again_and_gives_eager_codes():
+    pipe = tiny_pipeline()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
+    assert torch.equal(codes(pipe, "exact", {}, 1.0), codes_eagerly(pipe))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    pipe.to(torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        moved = codes(pipe, "exact", {}, 1.0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # the float32 graphs fail their guards
+    assert pipe.image_backbone.passes_compiled and pipe.image_backbone.dtype == torch.float64
+    assert torch.equal(moved, codes_eagerly(pipe))
+    pipe.disable_compiled_passes()
+
+
+def codes_eagerly(pipe):
+    """`exact`'s codes with the compiled passes set aside for the call."""
+    backbone = pipe.image_backbone
+    options = backbone._compiled_passes.options
+    pipe.disable_compiled_passes()
+    try:
+        return codes(pipe, "exact", {}, 1.0)
+    finally:
+        backbone.compile_passes(options)

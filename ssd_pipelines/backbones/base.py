@@ -182,6 +182,13 @@ class ImageBackbone(ABC):
     passes_compiled: bool = False
     static_passes: bool = False  # passes over the image take static shapes (`compile_passes` with dynamic=False)
 
+    def state_full(
+        self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device: torch.device | None = None
+    ) -> torch.Tensor:
+        """A call's state tensor that compiled steps write in place, filled with `fill`; `role` names it among the
+        call's state (`CausalLMBackbone.state_full` holds it where passes replay as CUDA graphs)."""
+        return torch.full(shape, fill, dtype=dtype, device=self.device if device is None else device)
+
     def compiled(self, fn: Callable, what: str) -> Callable:
         """An engine's step `fn`, through torch.compile where `compile_passes` asked for it (`what` names it in the
         warning should the backend fail)."""

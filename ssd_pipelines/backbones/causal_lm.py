@@ -21,6 +21,7 @@ from torch import nn
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from .compiled import CompiledPasses
 from .kv_cache import PreallocatedCache, preallocated_cache, write_rows_at
+from .prompts import left_padded_to_multiple
 
 _hook_lock = threading.Lock()
 COMPILED = "_ssd_compiled_passes"  # where a decoder keeps its `CompiledPasses` (`CausalLMBackbone.compile_passes`)
@@ -42,6 +43,10 @@ def _install_capture_hook(last_layer: nn.Module) -> None:
             last_layer.register_forward_hook(record_norm_input, with_kwargs=True)
             last_layer._ssd_capture_hooked = True
 
+
+# Under static passes a prompt batch is left-padded to a multiple of this many tokens, so that prompts of other
+# lengths reuse the passes' graphs (dynamo would compile anew for each width, and give up after 8).
+STATIC_PROMPT_MULTIPLE = 32
 
 # The decoders take their KV cache as `cache=` from this version on; an older one swallows that keyword and
 # runs every pass without the context, silently (seen on a GPU machine with 5.17: heads distilled from noise).
@@ -101,6 +106,8 @@ class CausalLMBackbone(ImageBackbone):
         else:  # a backend that fails runs it eagerly from then on, in the same shapes: the cache stays at its slots
             compiled.forward(**inputs)
         hidden, state.cache.norm_input = state.cache.norm_input, None
+        if compiled is not None and not eager and compiled.cuda_graphs:
+            hidden = hidden.clone()  # set inside the graph: its next replay overwrites it (`compiled.py`)
         state.length += embeds.shape[1]
         return hidden.to(self.device)  # from the last layer's device to the final norm's, should a device map part them
 
@@ -136,6 +143,18 @@ class CausalLMBackbone(ImageBackbone):
         compiled = self._compiled_passes
         return compiled is not None and compiled.static
 
+    def state_full(
+        self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device: torch.device | None = None
+    ) -> torch.Tensor:
+        """A call's state tensor that compiled steps write in place, filled with `fill`. Where the passes replay as
+        CUDA graphs it is this thread's held tensor for `role` (`compiled.HeldState`), at the address the graphs
+        recorded; otherwise a new one."""
+        device = self.device if device is None else device
+        compiled = self._compiled_passes
+        if compiled is None or not compiled.cuda_graphs:
+            return torch.full(shape, fill, dtype=dtype, device=device)
+        return compiled.held.full(role, shape, fill, dtype, device)
+
     def compiled(self, fn: Callable, what: str) -> Callable:
         """An engine's step `fn` through torch.compile with the passes' options, or `fn` when they run eagerly."""
         compiled = self._compiled_passes
@@ -144,12 +163,15 @@ class CausalLMBackbone(ImageBackbone):
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
         padded = prompts.padded
-        ids = prompts.input_ids.to(self.device)
-        mask = prompts.attention_mask.to(self.device)
+        ids, mask = prompts.input_ids, prompts.attention_mask
+        if self.static_passes:  # the prompts' width sets the cache's and the masks' shapes: a few widths, few graphs
+            ids, mask = left_padded_to_multiple(ids, mask, STATIC_PROMPT_MULTIPLE)
+            padded = padded or ids.shape[1] > prompts.input_ids.shape[1]
+        ids, mask = ids.to(self.device), mask.to(self.device)
         grid = prompts.grid or self.grid
         width = ids.shape[1]
         state = KVState(  # the cache holds at most the prompt and the whole image sequence
-            cache=preallocated_cache(width + grid.sequence_length),
+            cache=preallocated_cache(width + grid.sequence_length, self.state_full),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=width,

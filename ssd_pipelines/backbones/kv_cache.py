@@ -16,38 +16,47 @@ slots (a tree of candidates, several image rows at once).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+StateFull = Callable[..., torch.Tensor]  # (role, shape, fill, dtype, device) -> a filled tensor
 
 
 class PreallocatedLayer(DynamicLayer):
     """A `DynamicLayer` whose `keys`/`values` are views into buffers of `capacity` positions."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, state_full: StateFull | None = None, role: str = "cache"):
+        """state_full(role, shape, fill, dtype, device): where the buffers come from (the backbone's, which holds
+        them from call to call where passes replay as CUDA graphs); default: new ones."""
         super().__init__()
         self.capacity = max(1, capacity)
+        self.state_full, self.role = state_full, role
         self.row_slots: torch.Tensor | None = None  # [B, n]: the next update writes row b's entries at these slots
         self.row_length = 0  # slots the next ragged update returns
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._key_buffer = self._allocate(key_states, self.capacity)
-        self._value_buffer = self._allocate(value_states, self.capacity)
+        self._key_buffer = self._allocate(key_states, self.capacity, "keys")
+        self._value_buffer = self._allocate(value_states, self.capacity, "values")
         self.keys, self.values = self._key_buffer[..., :0, :], self._value_buffer[..., :0, :]
         self.is_initialized = True
 
-    @staticmethod
-    def _allocate(like: torch.Tensor, length: int) -> torch.Tensor:
+    def _allocate(self, like: torch.Tensor, length: int, which: str) -> torch.Tensor:
         """Zeros, not uninitialised memory: a masked slot still enters attention as weight 0 x value, and
         0 x NaN garbage would be NaN (rows written at their own slots leave slots unwritten)."""
         batch, heads, _, dim = like.shape
-        return like.new_zeros(batch, heads, length, dim)
+        if self.state_full is None:
+            return like.new_zeros(batch, heads, length, dim)
+        return self.state_full(f"{self.role}.{which}", (batch, heads, length, dim), 0, like.dtype, like.device)
 
     def _grow(self, needed: int) -> None:
         self.capacity = max(needed, 2 * self.capacity)
-        for name in ("_key_buffer", "_value_buffer"):
+        for name, which in (("_key_buffer", "keys"), ("_value_buffer", "values")):
             old = getattr(self, name)
-            new = self._allocate(old, self.capacity)
+            new = self._allocate(old, self.capacity, which)
             new[..., : old.shape[-2], :] = old
             setattr(self, name, new)
 
@@ -92,11 +101,15 @@ class PreallocatedCache(Cache):
     (`causal_lm.record_norm_input` writes them). They live on the cache, which belongs to one call: concurrent calls
     on one model each read their own, and torch.compile traces the hand-over inside the pass's graph."""
 
-    def __init__(self, capacity: int):
-        super().__init__(layer_class_to_replicate=lambda: PreallocatedLayer(capacity))
+    def __init__(self, capacity: int, state_full: StateFull | None = None):
+        layers = itertools.count()  # transformers makes the layers in order, each on its first update
+        super().__init__(
+            layer_class_to_replicate=lambda: PreallocatedLayer(capacity, state_full, f"cache.{next(layers)}")
+        )
         self.norm_input: torch.Tensor | None = None
 
 
-def preallocated_cache(capacity: int) -> PreallocatedCache:
-    """A cache (one `PreallocatedLayer` per decoder layer) sized for `capacity` positions."""
-    return PreallocatedCache(capacity)
+def preallocated_cache(capacity: int, state_full: StateFull | None = None) -> PreallocatedCache:
+    """A cache (one `PreallocatedLayer` per decoder layer) sized for `capacity` positions, its buffers from
+    `state_full` when given."""
+    return PreallocatedCache(capacity, state_full)

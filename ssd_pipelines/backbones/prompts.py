@@ -49,3 +49,13 @@ def left_padded_batch(
     attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # [B', P]
     batch_size = len(conditional) * num_images_per_prompt
     return PromptBatch(input_ids, attention_mask, batch_size, unconditional is not None, grid)
+
+
+def left_padded_to_multiple(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and mask [B', P] left-padded, masked, to the next multiple of `multiple` tokens. The padding repeats
+    each row's first id, a token every adapter can embed; the mask hides it."""
+    extra = -input_ids.shape[1] % multiple
+    ids = torch.cat([input_ids[:, :1].expand(-1, extra), input_ids], dim=1)
+    return ids, torch.cat([attention_mask.new_zeros(attention_mask.shape[0], extra), attention_mask], dim=1)

@@ -673,9 +673,10 @@ def janus_lines(res: dict, dtype: str) -> list[str]:
         lines.append("")
     if "cudagraph_skips" in res:
         lines += [
-            f"Graphs of the `captured` mode inductor ran without a CUDA graph: {res['cudagraph_skips']} (it skips one",
-            "that writes a tensor it does not hold at a fixed address, such as a call's own KV cache; `TORCH_LOGS=",
-            "cudagraphs` names the reason; with `--tiny` nothing is asked to be captured, so nothing is skipped).",
+            f"Graphs of the `captured` mode inductor ran without a CUDA graph: {res['cudagraph_skips']}. It skips one",
+            "that writes a tensor not held at a fixed address; the engine holds what its graphs write (docs/decoding.md,",
+            '"Captured passes"), so any skip is a regression, and `TORCH_LOGS=cudagraphs` names its reason. With',
+            "`--tiny` nothing is asked to be captured, so nothing is skipped.",
             "",
         ]
     return lines

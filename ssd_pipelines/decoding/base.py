@@ -101,10 +101,11 @@ class CheckCounter:
     """Drafted and accepted cells by check: round k counts every cell's (k + 1)-th verification. Summed on the
     device by scatter, without a host sync per pass, and read once at the end."""
 
-    def __init__(self, most_checks: int, device: torch.device) -> None:
-        """most_checks: a bound on any cell's verifications (a frontier moves every pass: the passes' bound)."""
-        self.drafted = torch.zeros(most_checks, dtype=torch.long, device=device)
-        self.accepted = torch.zeros_like(self.drafted)
+    def __init__(self, most_checks: int, device: torch.device, state_full) -> None:
+        """most_checks: a bound on any cell's verifications (a frontier moves every pass: the passes' bound).
+        state_full: the backbone's, which makes the state compiled steps write in place."""
+        self.drafted = state_full("checks.drafted", (most_checks,), 0, torch.long, device)
+        self.accepted = state_full("checks.accepted", (most_checks,), 0, torch.long, device)
 
     def add(self, checks_before: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
         """Cells of one pass: their earlier verifications, whether this pass checked them, whether it kept them."""
@@ -267,8 +268,8 @@ class DecodeRun:
         self.generator: RandomSource = random_source(generator, prompts.batch_size)
         self.callback = callback
         cells = (prompts.batch_size, grid.num_cells)
-        self.codes = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)
-        self.final_round = torch.full(cells, UNDECODED, dtype=torch.long, device=backbone.device)  # see DecodeOutput
+        self.codes = backbone.state_full("codes", cells, UNDECODED, torch.long)  # written in place by compiled steps
+        self.final_round = backbone.state_full("final_round", cells, UNDECODED, torch.long)  # see DecodeOutput
         self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size, chosen_decoding=strategy_name)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False

@@ -104,7 +104,8 @@ class FrontierRun(SlidingWindow):
         self.q: torch.Tensor | None = None  # [B, ring + 1, K]
         self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
         batch = run.prompts.batch_size
-        self.passed = torch.zeros(batch, grid.num_cells, dtype=torch.bool, device=device)  # hidden from a pass
+        full = run.backbone.state_full  # state the compiled steps write in place
+        self.passed = full("frontier.passed", (batch, grid.num_cells), False, torch.bool, device)  # hidden from a pass
         # A pass's noise: acceptance, residual and fresh draws and two for re-proposals at each of its W + 1
         # positions, then one for each cell drafted before it.
         self.noise = NoiseTape(run.generator, batch, 5 * (W + 1) + W, device)
@@ -113,8 +114,13 @@ class FrontierRun(SlidingWindow):
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
         p_first = run.probs(h_first)  # [B, K]
-        self.q = p_first.new_zeros(run.prompts.batch_size, self.ring + 1, p_first.shape[-1])
-        self.hidden = h_first.new_zeros(h_first.shape[0], grid.num_cells, run.backbone.hidden_size)
+        full, device = run.backbone.state_full, p_first.device
+        self.q = full(
+            "frontier.q", (run.prompts.batch_size, self.ring + 1, p_first.shape[-1]), 0, p_first.dtype, device
+        )
+        self.hidden = full(
+            "frontier.hidden", (h_first.shape[0], grid.num_cells, run.backbone.hidden_size), 0, h_first.dtype, device
+        )
         run.codes[:, 0] = sample_with(p_first, self.noise.next()[:, 0])
         run.final_round[:, 0] = 0
         self.hidden[:, 0] = h_first
@@ -168,7 +174,7 @@ class FrontierRun(SlidingWindow):
             new_codes, next_q, moved = self._repropose(cells, codes, todo, new_codes, next_q, *repropose_noise)
             changed = changed | moved
         self._store(cells, seen, todo, checked, changed, exact, new_codes, next_q, predicting)
-        self.done = torch.maximum(self.done, new_done)
+        self.done.copy_(torch.maximum(self.done, new_done))  # in place: a graph's new tensor would be its output
 
     def _repropose(self, cells, codes, todo, new_codes, next_q, accept_noise, residual_noise):
         """A cell this pass verified, whose left codes it also changed, is checked next against a target conditioned
