@@ -28,7 +28,7 @@ from diffusers.utils import BaseOutput
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backbones import ImageBackbone, ImageGrid, adapter_for
-from .backbones.compiled import CUDA_GRAPH_MODES
+from .backbones.compiled import uses_cuda_graphs
 from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
 from .hub import HUB_OPTIONS, check_checkpoint, check_components, resolve_source
@@ -210,18 +210,17 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         `ssd`'s row of drafts), through `torch.compile` (`compile_options`: its keywords).
 
         By default dynamic=True: one compilation serves the passes of every width and batch. With dynamic=False, and
-        by default with the CUDA-graph modes ("reduce-overhead", "max-autotune"), the passes over the image and the
-        steps take static shapes, so that one graph serves every pass of a width (`CausalLMBackbone.compile_passes`),
-        and prompts are padded to a multiple of 32 tokens. Under the CUDA-graph modes each thread keeps the state its
-        last call's graphs wrote (KV cache, codes), so that the next call of its shapes replays them; disabling frees
-        it.
+        by default with CUDA graphs (mode="reduce-overhead" or "max-autotune", or inductor's "triton.cudagraphs"),
+        the passes over the image and the steps take static shapes, so that one graph serves every pass of a width
+        (`CausalLMBackbone.compile_passes`), and prompts are padded to a multiple of 32 tokens. Under CUDA graphs each
+        thread keeps the state its last call's graphs wrote (KV cache, codes), so that the next call of its shapes
+        replays them; disabling frees it.
 
         Opt-in, as diffusers leaves `torch.compile` to its users: the first call compiles (a minute or more on a
         2-core CPU), later calls may run faster (docs/decoding.md, "Compiled passes"). The codes are eager's for
         the same seed. A pass the backend cannot compile warns once and runs eagerly from then on; moving the
         pipeline to another device or dtype compiles again on the next call."""
-        graphs = compile_options.get("mode") in CUDA_GRAPH_MODES
-        self.image_backbone.compile_passes({"dynamic": not graphs, **compile_options})
+        self.image_backbone.compile_passes({"dynamic": not uses_cuda_graphs(compile_options), **compile_options})
 
     def disable_compiled_passes(self) -> None:
         """Run the backbone's passes eagerly again, and free the state the CUDA-graph modes held."""

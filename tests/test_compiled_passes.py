@@ -219,6 +219,29 @@ class CudaGraphRules:
         return make_boxed_func(replay)
 
 
+@pytest.mark.parametrize(
+    "options, graphs",
+    [
+        ({}, False),
+        ({"mode": "max-autotune-no-cudagraphs"}, False),
+        ({"mode": "reduce-overhead"}, True),
+        ({"mode": "max-autotune"}, True),
+        ({"options": {"triton.cudagraphs": True}}, True),
+    ],
+)
+def test_cuda_graphs_however_asked_for_take_static_passes_and_held_state(options, graphs):
+    """A mode or inductor's own switch: either way CUDA graphs need static shapes and state at fixed addresses."""
+    pipe = tiny_pipeline()
+    pipe.enable_compiled_passes(**options)
+    backbone = pipe.image_backbone
+    assert backbone.static_passes == graphs
+    first = backbone.state_full("codes", (2, 3), -1, torch.long)
+    second = backbone.state_full("codes", (2, 3), 0, torch.long)
+    assert (first.data_ptr() == second.data_ptr()) == graphs  # held: the next call writes where the last one did
+    assert torch.equal(second, torch.zeros(2, 3, dtype=torch.long))
+    pipe.disable_compiled_passes()
+
+
 @pytest.mark.parametrize("drafter", ["cell", "recurrent"])
 def test_passes_captured_as_cuda_graphs_hold_what_they_write_and_keep_no_output(drafter, monkeypatch):
     """mode="reduce-overhead" on a GPU replays each graph as a CUDA graph. Here torch.compile is given the CPU

@@ -149,11 +149,10 @@ class CausalLMBackbone(ImageBackbone):
         """A call's state tensor that compiled steps write in place, filled with `fill`. Where the passes replay as
         CUDA graphs it is this thread's held tensor for `role` (`compiled.HeldState`), at the address the graphs
         recorded; otherwise a new one."""
-        device = self.device if device is None else device
         compiled = self._compiled_passes
         if compiled is None or not compiled.cuda_graphs:
-            return torch.full(shape, fill, dtype=dtype, device=device)
-        return compiled.held.full(role, shape, fill, dtype, device)
+            return super().state_full(role, shape, fill, dtype, device)
+        return compiled.held.full(role, shape, fill, dtype, self.device if device is None else device)
 
     def compiled(self, fn: Callable, what: str) -> Callable:
         """An engine's step `fn` through torch.compile with the passes' options, or `fn` when they run eagerly."""

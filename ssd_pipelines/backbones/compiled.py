@@ -23,6 +23,13 @@ from torch.utils._pytree import tree_map_only
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+def uses_cuda_graphs(options: dict) -> bool:
+    """Whether torch.compile with `options` replays its graphs as CUDA graphs (on a GPU): by mode, or by inductor's
+    own switch. Their outputs are then overwritten by the next replay, and what they write in place must be held at
+    fixed addresses (`HeldState`)."""
+    return options.get("mode") in CUDA_GRAPH_MODES or bool(options.get("options", {}).get("triton.cudagraphs"))
+
+
 class HeldState(threading.local):
     """Per thread, the state compiled graphs write in place, kept from one call to the next.
 
@@ -94,17 +101,11 @@ class CompiledPasses:
 
     @property
     def cuda_graphs(self) -> bool:
-        """Whether inductor replays the graphs as CUDA graphs (on a GPU): their outputs are then overwritten by the
-        next replay, and what they write in place must be held at fixed addresses (`HeldState`)."""
-        return self.options.get("mode") in CUDA_GRAPH_MODES or bool(
-            self.options.get("options", {}).get("triton.cudagraphs")
-        )
+        return uses_cuda_graphs(self.options)
 
     def step(self, fn: Callable, what: str) -> CompiledFunction:
         """`fn` compiled with the passes' options, made once (dict.setdefault is atomic: threads share one)."""
         known = self.steps.get(fn)
-        return (
-            known
-            if known is not None
-            else self.steps.setdefault(fn, CompiledFunction(fn, self.options, what, self.cuda_graphs))
-        )
+        if known is None:
+            known = self.steps.setdefault(fn, CompiledFunction(fn, self.options, what, self.cuda_graphs))
+        return known
