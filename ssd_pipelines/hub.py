@@ -11,7 +11,6 @@ what to do. Loading the files is `loading.py`'s job; assembling a pipeline from 
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +33,17 @@ from transformers import (
 )
 
 from .backbones import model_class_for
+from .config_files import check_json_files, check_model_config, read_json
 from .heads import DraftHeads
 
 HUB_MODEL = "ssd-pipelines/ssd-reference"
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 HUB_OPTIONS = ("revision", "cache_dir", "local_files_only", "token", "force_download")
 HEADS_CLASS = DraftHeads.__name__
+# The libraries a pipeline folder's components may come from. `model_index.json` ships with the model and importing a
+# module runs it, so no other name it gives is imported: a downloaded "model" must not be code (diffusers'
+# `_get_library_or_raise` holds the same line).
+COMPONENT_LIBRARIES = ("ssd_pipelines", "transformers", "diffusers")
 PICKLED_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle", "*.msgpack", "*.h5"]
 # A transformers checkpoint: configs, sharded safetensors and their index, tokenizer files, chat templates.
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
@@ -81,21 +85,6 @@ def resolve_source(name_or_path: str, **hub_options) -> Source:
     return Source(kind, _download(name_or_path, ["model_index.json", *components], **hub_options))
 
 
-def read_json(path: Path) -> dict:
-    """A config file's object; a damaged file names itself, which json's own errors do not."""
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as error:  # not JSON, or not UTF-8
-        fault = f"is not valid JSON ({error})"
-    else:
-        if isinstance(config, dict):
-            return config
-        fault = f"holds a {type(config).__name__}, not a JSON object"
-    raise ValueError(
-        f"{path} {fault}: correct it, re-download it (force_download=True), or re-save the model with save_pretrained."
-    )
-
-
 def pipeline_components(folder: Path) -> dict[str, tuple[str, str]]:
     """The components `model_index.json` names: {name: (library, class name)}, optional ones left out."""
     index = read_json(folder / "model_index.json")
@@ -106,16 +95,36 @@ def pipeline_components(folder: Path) -> dict[str, tuple[str, str]]:
     }
 
 
+def component_class(name: str, component: str, library: str, class_name: str) -> type:
+    """The class `model_index.json` names for `component` of the pipeline `name`, imported only from
+    `COMPONENT_LIBRARIES`."""
+    if library not in COMPONENT_LIBRARIES:
+        raise ValueError(
+            f"could not load the pipeline {name}: its model_index.json names the module {library!r} for "
+            f"'{component}', and components load only from {', '.join(COMPONENT_LIBRARIES)}. A model folder's "
+            "files are never run as code: re-save the pipeline with save_pretrained, or pass the component itself "
+            f"(from_pretrained(..., {component}=...))."
+        )
+    cls = getattr(importlib.import_module(library), class_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(  # noqa: TRY004 (the file's fault, not the caller's type)
+            f"could not load the pipeline {name}: model_index.json names {library}.{class_name} for "
+            f"'{component}', which this version of {library} does not have as a class: upgrade {library}, or "
+            "re-save the pipeline with save_pretrained."
+        )
+    return cls
+
+
 def check_components(folder: Path, name: str) -> None:
-    """Raise, naming the missing file, unless every component has its config and (models) safetensors weights."""
-    for component, (library, class_name) in pipeline_components(folder).items():
+    """Raise, naming the missing file, unless every component comes from a library we load from and has its config
+    and (models) safetensors weights."""
+    _check_pipeline_class(folder, name)
+    components = pipeline_components(folder)
+    classes = {component: component_class(name, component, *named) for component, named in components.items()}
+    for component, cls in classes.items():
         where = folder / component
-        cls = getattr(importlib.import_module(library), class_name, None)
-        if cls is None:
-            raise ValueError(
-                f"could not load the pipeline {name}: model_index.json names {library}.{class_name} for "
-                f"'{component}', which this version of {library} does not have: upgrade {library}."
-            )
+        if where.is_dir():
+            check_json_files(where)
         is_model = issubclass(cls, torch.nn.Module)
         configs = config_files(cls)
         if configs and not any((where / config).is_file() for config in configs):
@@ -130,6 +139,20 @@ def check_components(folder: Path, name: str) -> None:
                 + (f" (only {', '.join(pickled)}: pickled checkpoints are never loaded)" if pickled else "")
                 + ". Re-download the pipeline, or load the component and re-save it with save_pretrained."
             )
+        if is_model and cls is not DraftHeads:  # the heads' loader checks them against their config itself
+            check_model_config(where, cls, component)
+
+
+def _check_pipeline_class(folder: Path, name: str) -> None:
+    """A `_class_name` of [module, class] asks diffusers to run the folder's own code: refused by name."""
+    named = read_json(folder / "model_index.json").get("_class_name")
+    if isinstance(named, list):
+        module = named[0] if named else None
+        raise ValueError(  # noqa: TRY004 (the file's fault, not the caller's type)
+            f"could not load the pipeline {name}: its model_index.json asks for the custom pipeline code "
+            f"{module}.py in the folder ({named!r} as _class_name), and a model folder's files are never run as "
+            'code. Set "_class_name" to "SSDAutoregressivePipeline", or re-save the pipeline with save_pretrained.'
+        )
 
 
 def config_files(cls: type) -> list[str]:
@@ -140,7 +163,9 @@ def config_files(cls: type) -> list[str]:
 
 
 def check_checkpoint(folder: Path, name: str) -> None:
-    """Raise unless a transformers checkpoint has safetensors weights (pickled ones are never loaded)."""
+    """Raise unless a transformers checkpoint has readable JSON files and safetensors weights (pickled ones are
+    never loaded) that match its config."""
+    check_json_files(folder)
     if not any(folder.glob("*.safetensors")):
         pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
         raise ValueError(
@@ -148,6 +173,7 @@ def check_checkpoint(folder: Path, name: str) -> None:
             + (f" (only {', '.join(pickled)}: pickled checkpoints are never loaded)" if pickled else "")
             + ". Use a revision of the checkpoint that has safetensors, or convert it once and pass the folder."
         )
+    check_model_config(folder, model_class_for(read_json(folder / "config.json")["model_type"]), "backbone")
 
 
 def _check_hub_name(name: str, folder: Path) -> None:

@@ -7,7 +7,6 @@ that names the file and what to do.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from pathlib import Path
@@ -17,9 +16,10 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .backbones import model_class_for
+from .config_files import read_json
 from .finite_weights import check_finite
 from .heads import DraftHeads
-from .hub import pipeline_components, read_json
+from .hub import component_class, pipeline_components
 from .quantization import check_runs_on_cpu, fit_nf4_to_cpu
 
 # What a damaged or mismatched weights file raises inside diffusers / transformers / safetensors.
@@ -47,8 +47,7 @@ def load_pipeline_folder(base_loader, folder: Path, name: str, backbone_options:
     config), the backbone first, by transformers (diffusers places whole components)."""
     given = set(kwargs)
     if backbone_options and "backbone" not in kwargs:
-        library, class_name = pipeline_components(folder)["backbone"]
-        model_class = getattr(importlib.import_module(library), class_name)
+        model_class = component_class(name, "backbone", *pipeline_components(folder)["backbone"])
         kwargs["backbone"] = load_model(model_class, folder / "backbone", name, kwargs["dtype"], backbone_options)
     try:
         pipe = base_loader(folder, use_safetensors=True, **kwargs)

@@ -156,6 +156,12 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             check_components(folder, name)
             base_loader = super().from_pretrained
             pipe = load_pipeline_folder(base_loader, folder, name, backbone_options, dtype=dtype, **kwargs)
+        try:
+            _ = (
+                pipe.image_backbone
+            )  # the adapter reads what the backbone's config must say (its image grid, vocabulary)
+        except ValueError as error:
+            raise ValueError(f"could not load {name}: {error}") from error
         pipe.register_to_config(_name_or_path=name)  # the name asked for, not the snapshot folder
         if backbone_options:
             pipe._place_beside_backbone()

@@ -204,3 +204,89 @@ def test_heads_of_a_local_copy_of_their_base_model_load_without_a_word(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pipe.load_heads(REFERENCE / "heads")
+
+
+def edit_config(path: Path, **changes) -> None:
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+FIX = "correct it, re-download it (force_download=True), or re-save the model with save_pretrained."
+
+
+@pytest.mark.parametrize(
+    "component, changes, fault",
+    [
+        ("backbone", {"hidden_size": "256"}, ": hidden_size must be a positive integer, got '256'"),
+        ("backbone", {"num_hidden_layers": -1}, ": num_hidden_layers must be a positive integer, got -1"),
+        ("vqvae", {"num_vq_embeddings": "many"}, ": num_vq_embeddings must be a positive integer, got 'many'"),
+        (
+            "backbone",
+            {"rms_norm_eps": "small"},
+            (
+                " does not describe a LlamaForCausalLM (TypeError: Field 'rms_norm_eps' expected float, got str "
+                "(value: 'small'))"
+            ),
+        ),
+        (
+            "backbone",
+            {"vocab_size": 10**12},
+            (
+                " does not match the weights of the backbone: it makes lm_head.weight [1000000000000, 32], and "
+                "model.safetensors holds [24, 32] (from vocab_size=1000000000000)"
+            ),
+        ),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_or_range_names_file_and_key(saved, component, changes, fault):
+    """Issue 56: these ended in tracebacks from inside the libraries, or in "look at the above report"."""
+    edit_config(saved / component / "config.json", **changes)
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    assert str(caught.value) == f"{saved / component / 'config.json'}{fault}: {FIX}"
+
+
+@pytest.mark.parametrize("layers, kind, first", [(1, "smaller", "model.layers.1."), (3, "larger", "model.layers.2.")])
+def test_a_config_of_another_depth_than_the_weights_is_refused(saved, layers, kind, first):
+    """A layer too many was filled with random weights, one too few dropped without a word."""
+    edit_config(saved / "backbone" / "config.json", num_hidden_layers=layers)
+    with pytest.raises(
+        ValueError,
+        match=f"describes a {kind} model than the weights of the backbone: 9 tensors \\({first}input_layernorm.weight",
+    ):
+        SSDAutoregressivePipeline.from_pretrained(saved)
+
+
+def test_a_config_that_is_a_list_names_the_file(saved):
+    (saved / "backbone" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    assert str(caught.value) == f"{saved / 'backbone' / 'config.json'} holds a list, not a JSON object: {FIX}"
+
+
+def test_a_backbone_without_an_image_grid_is_refused_at_load(saved):
+    """It loaded, and every call failed with "'SSDAutoregressivePipeline' object has no attribute 'image_backbone'"."""
+    config = json.loads((saved / "backbone" / "config.json").read_text())
+    grid = config.pop("image_grid")
+    (saved / "backbone" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"could not load {saved}: this Llama model has no `image_grid` in its config"):
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    edit_config(saved / "backbone" / "config.json", image_grid={**grid, "rows": "4"})
+    with pytest.raises(
+        ValueError, match=r"`image_grid.rows` in the backbone's config.json must be an integer >= 1, got '4'"
+    ):
+        SSDAutoregressivePipeline.from_pretrained(saved)
+
+
+@pytest.mark.parametrize("file", ["tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_a_damaged_tokenizer_file_is_named_with_its_fault(saved, file, damage):
+    """It read "Expecting value: line 1 column 1 (char 0). Its weights must be readable safetensors files"."""
+    path = saved / "tokenizer" / file
+    path.write_text("" if damage == "empty" else path.read_text()[:40])
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained(saved)
+    message = str(caught.value)
+    assert message.startswith(f"{path} is not valid JSON (") and message.endswith(f"): {FIX}")
+    assert "safetensors" not in message

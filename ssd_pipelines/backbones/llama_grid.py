@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import partial
 
 import torch
@@ -42,6 +42,40 @@ class GridTokens:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_config(cls, config) -> GridTokens:
+        """The grid a Llama config's `image_grid` describes, or a ValueError naming the key at fault."""
+        grid = getattr(config, "image_grid", None)
+        if grid is None:
+            raise ValueError(
+                "this Llama model has no `image_grid` in its config.json: it was not trained to write images. "
+                "Load an SSD image backbone (its config.json names rows, cols, codebook_size and the special tokens)."
+            )
+        if not isinstance(grid, dict):
+            raise ValueError(  # noqa: TRY004 (the file's fault, not the caller's type)
+                f"`image_grid` in the backbone's config.json must be an object, got {grid!r}."
+            )
+        declared = {f.name: f for f in fields(cls)}
+        missing = [name for name, f in declared.items() if f.default is MISSING and name not in grid]
+        unknown = sorted(set(grid) - set(declared))
+        if missing or unknown:
+            raise ValueError(
+                f"`image_grid` in the backbone's config.json must hold {', '.join(declared)}: "
+                + (f"{', '.join(missing)} missing" if missing else f"{', '.join(unknown)} unknown")
+                + "."
+            )
+        for name, value in grid.items():
+            least = 0 if name.endswith(("_id", "_offset")) else 1
+            optional = declared[name].default is None
+            if not (value is None and optional) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < least
+            ):
+                raise ValueError(
+                    f"`image_grid.{name}` in the backbone's config.json must be an integer >= {least}"
+                    f"{' or null' if optional else ''}, got {value!r}."
+                )
+        return cls(**grid)
+
 
 class LlamaGridBackbone(CausalLMBackbone):
     """Adapter over a `LlamaForCausalLM` whose `config.image_grid` describes a fixed code grid."""
@@ -54,14 +88,9 @@ class LlamaGridBackbone(CausalLMBackbone):
     ):
         super().__init__(model.model)
         config = model.config
-        if getattr(config, "image_grid", None) is None:
-            raise ValueError(
-                "this Llama model has no `image_grid` in its config: it was not trained to write images. "
-                "Load an SSD image backbone (its config.json names rows, cols, codebook_size and the special tokens)."
-            )
         self.model = model
         self.tokenizer = tokenizer
-        self.tokens = GridTokens(**config.image_grid)
+        self.tokens = GridTokens.from_config(config)
         self._decode_codes = decode_codes
         self.hidden_size = self.embed_size = config.hidden_size
         self._grid = ImageGrid(self.tokens.rows, self.tokens.cols, self.tokens.codebook_size, self.tokens.eol_token_id)
@@ -70,10 +99,11 @@ class LlamaGridBackbone(CausalLMBackbone):
     @classmethod
     def from_components(cls, model: LlamaForCausalLM, tokenizer, vqvae=None) -> LlamaGridBackbone:
         """The adapter over a pipeline's components; `vqvae` is a diffusers `VQModel` over the same codebook."""
-        if vqvae is not None and vqvae.config.num_vq_embeddings != model.config.image_grid["codebook_size"]:
+        codebook_size = GridTokens.from_config(model.config).codebook_size
+        if vqvae is not None and vqvae.config.num_vq_embeddings != codebook_size:
             raise ValueError(
                 f"the VQ decoder has {vqvae.config.num_vq_embeddings} codes but the backbone writes "
-                f"{model.config.image_grid['codebook_size']}: load the VQ model trained with this backbone."
+                f"{codebook_size}: load the VQ model trained with this backbone."
             )
         return cls(model, tokenizer, None if vqvae is None else partial(decode_codes, vqvae))
 
