@@ -176,6 +176,23 @@ def check_checkpoint(folder: Path, name: str) -> None:
     check_model_config(folder, model_class_for(read_json(folder / "config.json")["model_type"]), "backbone")
 
 
+def check_hub_base_model(repo_id: str, base_model: str) -> None:
+    """A heads repository downloaded from the Hub may name only another Hub repository as its base model, never a
+    folder of this machine, which its author cannot know and should not choose."""
+    try:
+        validate_repo_id(base_model)
+    except HFValidationError:
+        local = True
+    else:
+        local = base_model.startswith((".", "~")) or base_model.count("/") != 1
+    if local:
+        raise ValueError(
+            f"the heads repository {repo_id} names {base_model!r} as its base model, which is not a Hub repository "
+            "id: a downloaded repository may not point at this machine's files. Load the base pipeline yourself "
+            f"and pass the heads: from_pretrained(BASE, heads={repo_id!r})."
+        )
+
+
 def _check_hub_name(name: str, folder: Path) -> None:
     """A name that cannot be a Hub repository, or names a file, is a local path that is not a folder."""
     if folder.is_file():

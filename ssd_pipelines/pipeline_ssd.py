@@ -31,7 +31,7 @@ from .backbones import ImageBackbone, ImageGrid, adapter_for
 from .backbones.compiled import uses_cuda_graphs
 from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
-from .hub import HUB_OPTIONS, check_checkpoint, check_components, resolve_source
+from .hub import HUB_OPTIONS, check_checkpoint, check_components, check_hub_base_model, resolve_source
 from .loading import load_checkpoint, load_heads, load_pipeline_folder, stored_dtype
 from .memory import check_batch_fits
 from .quantization import backbone_quantization
@@ -143,6 +143,8 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             heads = load_heads(folder)
             if not heads.config.base_model:
                 raise ValueError(f"the heads in {name} do not name their base model: pass it, with heads=.")
+            if not Path(name).expanduser().is_dir():
+                check_hub_base_model(name, heads.config.base_model)
             hub_options.pop("revision", None)  # the revision was the heads'
             return cls.from_pretrained(
                 heads.config.base_model, heads=heads, dtype=dtype, **hub_options, **backbone_options, **kwargs

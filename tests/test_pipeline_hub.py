@@ -95,3 +95,20 @@ def test_force_download_fetches_a_damaged_file_again(hub):
         SSDAutoregressivePipeline.from_pretrained("org/tiny-ssd")
     loaded = SSDAutoregressivePipeline.from_pretrained("org/tiny-ssd", force_download=True)
     assert torch.equal(codes(loaded), codes(pipe))
+
+
+@pytest.mark.parametrize("base_model", ["/srv/models/private", "./private", "~/private", "../up/one"])
+def test_a_heads_repository_may_not_point_at_this_machines_folders(hub, tmp_path, base_model):
+    """Issue 56: a file's contents chose which local folder was opened; a Hub repository cannot know ours."""
+    heads = tiny_heads(tiny_backbone(rows=4, cols=4, codebook_size=8))
+    heads.register_to_config(base_model=base_model)
+    heads.push_to_hub("org/pointing-heads", token="hf_writer")
+    with pytest.raises(ValueError) as caught:
+        SSDAutoregressivePipeline.from_pretrained("org/pointing-heads")
+    assert str(caught.value) == (
+        f"the heads repository org/pointing-heads names {base_model!r} as its base model, which is not a Hub "
+        "repository id: a downloaded repository may not point at this machine's files. Load the base pipeline "
+        "yourself and pass the heads: from_pretrained(BASE, heads='org/pointing-heads')."
+    )
+    tiny_pipeline(with_heads=False).save_pretrained(tmp_path / "base")  # given by the user, the same heads load
+    assert SSDAutoregressivePipeline.from_pretrained(tmp_path / "base", heads="org/pointing-heads").heads is not None
