@@ -16,6 +16,7 @@ from ssd_pipelines.hub import HEADS_CLASS
 
 FOLDER = "ssd"
 BUNDLED_NAME = "ssd-reference"
+MAX_DEPTH = 4  # models/ssd/a/b/c/model: folders deeper down are not searched
 # The pack's own copy, not ssd_pipelines.hub.BUNDLED_MODEL: a registry install puts the library in site-packages,
 # without hub_cards/, while the pack's folder (this clone) always has it.
 BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
@@ -44,16 +45,41 @@ def is_model(folder: str | Path) -> bool:
 
 def list_models() -> list[str]:
     """Every model under the ssd folders, as a path relative to its folder; then the bundled reference model."""
-    names: list[str] = []
-    for root in models_folders():
-        for current, subfolders, _files in os.walk(root, followlinks=True):
-            if current != root and is_model(current):
-                names.append(Path(os.path.relpath(current, root)).as_posix())
-                subfolders.clear()  # a pipeline's own heads/ folder is part of it, not a model of its own
-            subfolders.sort()
+    names = [name for root in models_folders() for name in _models_under(Path(root))]
     if BUNDLED_MODEL.is_dir() and BUNDLED_NAME not in names:
         names.append(BUNDLED_NAME)
     return list(dict.fromkeys(names))
+
+
+def _models_under(root: Path) -> list[str]:
+    """The model folders under `root`, at most `MAX_DEPTH` folders down, in name order.
+
+    A link to a model folder is listed (a model kept on another disk), but the search goes through a link only
+    while it stays inside `root`, and never into a folder it has seen: links that point back up (`a/up -> ..`)
+    made `os.walk(followlinks=True)` walk for ever.
+    """
+    inside, seen, found = root.resolve(), set(), []
+
+    def search(folder: Path, depth: int) -> None:
+        real = folder.resolve()
+        if real in seen:
+            return
+        seen.add(real)
+        try:
+            children = sorted(folder.iterdir(), key=lambda p: p.name)
+        except OSError:  # unreadable: nothing to list there
+            return
+        for child in children:
+            if not child.is_dir():
+                continue
+            if is_model(child):
+                found.append(child.relative_to(root).as_posix())  # its heads/ folder is part of it
+            elif depth < MAX_DEPTH and child.resolve().is_relative_to(inside):
+                search(child, depth + 1)
+
+    if root.is_dir():
+        search(root, 1)
+    return found
 
 
 def locate(name: str) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,33 @@ def test_models_folder_is_registered_and_lists_pipelines_and_heads(comfy_pack, s
     loader = comfy_pack.NODE_CLASS_MAPPINGS["SSDPipelineLoader"]
     choices = loader.INPUT_TYPES()["required"]["model"][0]
     assert choices == ["mine", "team/heads-v2", "ssd-reference"]
+
+
+def test_links_that_point_back_up_or_out_are_not_searched(comfy_pack, ssd_models, tmp_path):
+    """Issue 56: `a/up1 -> ..` and `a/up2 -> ..` made INPUT_TYPES() walk for ever (os.walk(followlinks=True))."""
+    (ssd_models / "a").mkdir()
+    (ssd_models / "a" / "up1").symlink_to("..")
+    (ssd_models / "a" / "up2").symlink_to("..")
+    outside = tmp_path / "elsewhere"  # a folder of models outside models/ssd: a link into it is not searched
+    (outside / "hidden").mkdir(parents=True)
+    (outside / "hidden" / "model_index.json").write_text("{}")
+    (ssd_models / "out").symlink_to(outside)
+    (ssd_models / "linked").symlink_to(REFERENCE)  # a link that is a model folder is listed
+    deep = ssd_models / "d1" / "d2" / "d3" / "d4" / "d5"
+    deep.mkdir(parents=True)
+    (deep / "model_index.json").write_text("{}")
+    (ssd_models / "d1" / "d2" / "shallow").mkdir()
+    (ssd_models / "d1" / "d2" / "shallow" / "model_index.json").write_text("{}")
+
+    loader = comfy_pack.NODE_CLASS_MAPPINGS["SSDPipelineLoader"]
+    found = {}
+    thread = threading.Thread(
+        target=lambda: found.update(choices=loader.INPUT_TYPES()["required"]["model"][0]), daemon=True
+    )
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "listing models/ssd did not end"
+    assert found["choices"] == ["d1/d2/shallow", "linked", "ssd-reference"]
 
 
 def test_loader_reuses_the_loaded_pipeline(comfy_pack, nodes, pipeline, monkeypatch, ssd_models):
