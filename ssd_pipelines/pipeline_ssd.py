@@ -29,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .backbones import ImageBackbone, ImageGrid, adapter_for
 from .backbones.compiled import uses_cuda_graphs
+from .backbones.prompts import check_prompt_lengths
 from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
 from .hub import HUB_OPTIONS, check_checkpoint, check_components, check_hub_base_model, resolve_source
@@ -238,7 +239,14 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
     def interrupt(self) -> bool:
         return self._interrupt
 
-    def check_inputs(self, request: GenerationRequest, callback_tensor_inputs=()) -> ImageGrid:
+    @property
+    def max_prompt_chars(self) -> int:
+        """The longest prompt (or negative prompt), in characters with runs of whitespace as one, that the model can
+        read whole: a longer one is refused before it is tokenized. Shorter ones past `max_prompt_tokens` are cut
+        to those tokens, with a warning."""
+        return self.image_backbone.max_prompt_chars
+
+    def check_inputs(self, request: GenerationRequest, callback_tensor_inputs=(), callback=None) -> ImageGrid:
         """Check a request against this pipeline's components (what `GenerationRequest.build` could not judge);
         return the grid it asks for, or raise a `ValueError` that says what to pass instead."""
         if strategy_class(request.decoding).needs_heads and self.heads is None:
@@ -251,12 +259,20 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
                 "this pipeline has no VQ decoder (vqvae): ask for output_type='latent' to get the codes, or load "
                 "one (from_pretrained(..., vqvae=...))."
             )
+        if callback is not None and not callable(callback):
+            raise ValueError(
+                f"callback_on_step_end must be a function called as callback(pipe, step, timestep, tensors), or "
+                f"None, got {callback!r} ({type(callback).__name__})."
+            )
         unknown = set(callback_tensor_inputs) - set(self._callback_tensor_inputs)
         if unknown:
             raise ValueError(
                 f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not available: use {self._callback_tensor_inputs}."
             )
-        grid = self.image_backbone.grid_for_size(request.height, request.width)
+        backbone = self.image_backbone
+        check_prompt_lengths(request.prompts, backbone.max_prompt_chars, "prompt")
+        check_prompt_lengths(request.negative_prompts or (), backbone.max_prompt_chars, "negative prompt")
+        grid = backbone.grid_for_size(request.height, request.width)
         window = request.options.get("window")
         if window is not None and window > grid.sequence_length:
             raise ValueError(
@@ -346,7 +362,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             exact_max_batch=exact_max_batch,
         )
         # 1. The grid, the sampling path and the strategy
-        grid = self.check_inputs(request, callback_on_step_end_tensor_inputs)
+        grid = self.check_inputs(request, callback_on_step_end_tensor_inputs, callback_on_step_end)
         backbone = self.image_backbone
         sampling = request.sampling_for(backbone.default_guidance_scale)
         strategy = make_strategy(request.decoding, self.heads, **request.options)

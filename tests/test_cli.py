@@ -233,7 +233,7 @@ def test_guidance_threads_and_prompt_warnings(model_dir, tmp_path, capsys, monke
     """Without --guidance the model's own scale is used; a cut prompt is said once, on stderr and in the JSON."""
     threads = []
     monkeypatch.setattr("torch.set_num_threads", threads.append)
-    long_prompt = " ".join(["red circle"] * 300)
+    long_prompt = " ".join(["red"] * 300)  # cut to the tokens the model reads, within the characters it may span
     main([long_prompt, "--out", str(tmp_path / "x.png"), "--model", str(model_dir), "--json", "--threads", "2"])
     captured = capsys.readouterr()
     report = json.loads(captured.out)

@@ -1,6 +1,7 @@
 """SSDAutoregressivePipeline: the diffusers contract, local save/load, inputs and errors."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import PIL.Image
@@ -86,7 +87,7 @@ def test_tuple_output_and_batches_of_prompts(pipe):
 
 def test_output_says_what_was_cut_from_the_prompt(pipe):
     """The caller (a web page, a node) sees what the tokenizer dropped; a log is not enough."""
-    long_prompt = " ".join(["red circle"] * 2500)  # 5,000 words
+    long_prompt = " ".join(["red"] * 400)  # 400 tokens, within the characters a 234-token prompt can span
     with pytest.warns(UserWarning, match="only the first"):
         out = pipe([long_prompt, "blue"], num_images_per_prompt=2, output_type="latent")
     assert len(out.warnings) == 1, out.warnings  # said once, though two images share the prompt
@@ -241,8 +242,75 @@ def test_a_long_prompt_is_cut_with_a_warning(pipe):
 
 
 def test_a_prompt_of_unknown_words_warns(pipe):
-    with pytest.warns(UserWarning, match="3 of the 4 tokens of the prompt 'a zebra on skis' are unknown"):
+    with pytest.warns(UserWarning, match="3 of the 4 words of the prompt 'a zebra on skis' are unknown"):
         pipe("a zebra on skis", output_type="latent")
+
+
+REFERENCE_MODEL = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    pipe = SSDAutoregressivePipeline.from_pretrained(REFERENCE_MODEL)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.mark.parametrize(
+    "prompt, dropped",
+    [
+        (
+            "a redcircle",
+            (
+                "1 of the 2 words of the prompt 'a redcircle' are unknown to this model's tokenizer and "
+                "were dropped: 'redcircle'."
+            ),
+        ),
+        (
+            "a red\x00circle",
+            (
+                "1 of the 2 words of the prompt 'a red\\x00circle' are unknown to this model's "
+                "tokenizer and were dropped: 'red\\x00circle'."
+            ),
+        ),
+        (
+            "a red circle left of a bleu square",
+            (
+                "1 of the 8 words of the prompt 'a red circle left of a bleu square' "
+                "are unknown to this model's tokenizer and were dropped: 'bleu'."
+            ),
+        ),
+    ],
+)
+def test_every_dropped_word_is_named_even_when_most_are_known(reference, prompt, dropped):
+    """Issue 56: "a redcircle" became [a, <unk>] without a word, unless more than half the words were unknown."""
+    with pytest.warns(UserWarning) as warned:
+        out = reference(prompt, output_type="latent", num_images_per_prompt=1, decoding="ar")
+    expected = f"{dropped} Use words the model was trained on."
+    assert out.warnings == [expected] and [str(w.message) for w in warned] == [expected]
+
+
+def test_a_prompt_no_model_reads_whole_is_refused_before_tokenizing(reference, monkeypatch):
+    """Issue 56: a 20 MB prompt took 98 s to tokenize before anything said no."""
+    limit = reference.max_prompt_chars
+    assert limit == 14 * (max(map(len, reference.tokenizer.get_vocab())) + 1)  # 14 tokens of the longest word + space
+    called = []
+    monkeypatch.setattr(type(reference.tokenizer), "__call__", lambda *a, **k: called.append(a) or 1 / 0)
+    huge = "a red circle " * 1_600_000  # 20.8 MB
+    for kwargs, what in (
+        ({"prompt": huge}, "prompt"),
+        ({"prompt": "a red circle", "negative_prompt": huge}, "negative prompt"),
+    ):
+        with pytest.raises(ValueError) as caught:
+            reference(**kwargs, output_type="latent")
+        assert str(caught.value) == (
+            f"the {what} {huge[:57] + '...'!r} has {len(huge):,} characters, and this model reads at most "
+            f"{limit:,} (max_prompt_chars): shorten it."
+        )
+    assert called == []
+    monkeypatch.undo()
+    spaced = "a    red   circle   " * 8  # long, but its words fit: runs of whitespace count as one
+    assert len(spaced) > limit and reference(spaced, output_type="latent", decoding="ar").codes.shape == (1, 16, 16)
 
 
 @pytest.mark.parametrize(
@@ -254,3 +322,15 @@ def test_stats_say_where_a_cap_left_resamples_unchecked(pipe, decoding, options,
     assert out.stats["round_cap"] == cap
     if cap is not None:
         assert int(out.final_round.max()) <= cap + 1
+
+
+@pytest.mark.parametrize("callback", [5, "print"])
+def test_a_callback_that_cannot_be_called_is_refused_before_any_pass(pipe, callback, monkeypatch):
+    """Issue 56: `callback_on_step_end=5` failed with "'int' object is not callable" after the first row."""
+    monkeypatch.setattr(type(pipe.image_backbone), "prefill", lambda *a, **k: 1 / 0)  # no pass may run
+    with pytest.raises(ValueError) as caught:
+        pipe("a red circle", callback_on_step_end=callback, output_type="latent")
+    assert str(caught.value) == (
+        "callback_on_step_end must be a function called as callback(pipe, step, timestep, tensors), or None, "
+        f"got {callback!r} ({type(callback).__name__})."
+    )

@@ -21,7 +21,7 @@ from torch import nn
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from .compiled import CompiledPasses
 from .kv_cache import PreallocatedCache, preallocated_cache, write_rows_at
-from .prompts import left_padded_to_multiple
+from .prompts import left_padded_to_multiple, readable_chars
 
 _hook_lock = threading.Lock()
 COMPILED = "_ssd_compiled_passes"  # where a decoder keeps its `CompiledPasses` (`CausalLMBackbone.compile_passes`)
@@ -87,6 +87,17 @@ class CausalLMBackbone(ImageBackbone):
     @property
     def dtype(self) -> torch.dtype:
         return self.final_norm.weight.dtype
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """A bound on the prompt tokens this model reads: what its tokenizer was made for and its positions (rotary
+        positions extrapolate, so an adapter that cuts prompts says more precisely)."""
+        return min(self.decoder.config.max_position_embeddings, self.tokenizer.model_max_length)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The longest prompt, in characters, that this model can read whole (`prompts.readable_chars`)."""
+        return readable_chars(self.max_prompt_tokens, self.tokenizer)
 
     def _run(
         self, embeds: torch.Tensor, state: KVState, position_ids: torch.Tensor, attention_mask, eager: bool = False

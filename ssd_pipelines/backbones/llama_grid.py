@@ -23,7 +23,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from ..vq import decode_codes
 from .base import ImageGrid, PromptBatch
 from .causal_lm import CausalLMBackbone
-from .prompts import check_prompt_request, left_padded_batch
+from .prompts import check_prompt_request, left_padded_batch, shortened
 
 
 @dataclass(frozen=True)
@@ -157,21 +157,28 @@ class LlamaGridBackbone(CausalLMBackbone):
         return max(0, min(positions, self.tokenizer.model_max_length - 2))
 
     def prompt_token_ids(self, prompt: str, notes: list[str] | None = None) -> list[int]:
-        """Token ids of a prompt, cut to `max_prompt_tokens`. When it is cut or mostly unknown words, says so in
-        `notes` (which the pipeline hands to its caller) and as a warning."""
+        """Token ids of a prompt, cut to `max_prompt_tokens`. When it is cut or holds words the tokenizer does not
+        know (read as its unknown token: nothing the model can draw), says so in `notes` (which the pipeline hands
+        to its caller) and as a warning."""
         if self.tokenizer is None:
             raise ValueError("this backbone was built without a tokenizer: pass one to encode text prompts.")
-        ids = self.tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]
+        fast = self.tokenizer.is_fast  # only a fast tokenizer tells which characters each token came from
+        encoded = self.tokenizer(prompt, add_special_tokens=False, verbose=False, return_offsets_mapping=fast)
+        ids = encoded["input_ids"]
         said = []
-        unknown = sum(i == self.tokenizer.unk_token_id for i in ids)
-        if ids and 2 * unknown > len(ids):
+        unknown = [k for k, i in enumerate(ids) if i == self.tokenizer.unk_token_id]
+        if unknown:
+            words = (
+                f": {', '.join(repr(prompt[slice(*encoded['offset_mapping'][k])]) for k in unknown)}" if fast else ""
+            )
+            barely = ", so the image will barely follow it" if 2 * len(unknown) > len(ids) else ""
             said.append(
-                f"{unknown} of the {len(ids)} tokens of the prompt {_shortened(prompt)!r} are unknown to this model's "
-                "tokenizer, so the image will barely follow it: use words the model was trained on."
+                f"{len(unknown)} of the {len(ids)} words of the prompt {shortened(prompt)!r} are unknown to this "
+                f"model's tokenizer and were dropped{words}{barely}. Use words the model was trained on."
             )
         if len(ids) > self.max_prompt_tokens:
             said.append(
-                f"the prompt {_shortened(prompt)!r} has {len(ids)} tokens and this model reads at most "
+                f"the prompt {shortened(prompt)!r} has {len(ids)} tokens and this model reads at most "
                 f"{self.max_prompt_tokens}: only the first {self.max_prompt_tokens} were used. Shorten the prompt."
             )
             ids = ids[: self.max_prompt_tokens]
@@ -212,8 +219,3 @@ class LlamaGridBackbone(CausalLMBackbone):
         if pad is None:
             raise ValueError("the backbone's config has no pad_token_id; guidance and batching need one.")
         return pad
-
-
-def _shortened(prompt: str, most: int = 60) -> str:
-    """A prompt as a message quotes it: a 5,000-character prompt must not fill the screen."""
-    return prompt if len(prompt) <= most else prompt[: most - 3] + "..."

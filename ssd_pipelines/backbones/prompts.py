@@ -8,6 +8,8 @@ twins, left-padded) is made here once.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .base import ImageGrid, PromptBatch
@@ -27,6 +29,38 @@ def check_prompt_request(
         )
     if negative_prompts is not None and not guidance:
         raise ValueError("a negative prompt only acts through guidance: set guidance_scale > 1 or drop it.")
+
+
+_LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its longest entry, in chars
+
+
+def longest_token_chars(tokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry, read once per tokenizer (a vocabulary of 150,000
+    entries takes milliseconds, and adapters are built per call)."""
+    if tokenizer not in _LONGEST_TOKEN:
+        _LONGEST_TOKEN[tokenizer] = max(map(len, tokenizer.get_vocab()), default=1)
+    return _LONGEST_TOKEN[tokenizer]
+
+
+def readable_chars(max_tokens: int, tokenizer) -> int:
+    """The most characters, runs of whitespace counted as one, that a prompt of `max_tokens` tokens can span: each
+    token covers at most its longest entry's characters and one separator. No longer prompt is read whole."""
+    return max_tokens * (longest_token_chars(tokenizer) + 1)
+
+
+def check_prompt_lengths(prompts, limit: int, what: str) -> None:
+    """Refuse, before any tokenizing (a 20 MB prompt took 98 s), a prompt no model of `limit` characters reads."""
+    for prompt in prompts:
+        if len(prompt) > limit and len(" ".join(prompt.split())) > limit:  # the split only for a long prompt
+            raise ValueError(
+                f"the {what} {shortened(prompt)!r} has {len(prompt):,} characters, and this model reads at most "
+                f"{limit:,} (max_prompt_chars): shorten it."
+            )
+
+
+def shortened(prompt: str, most: int = 60) -> str:
+    """A prompt as a message quotes it: a 5,000-character prompt must not fill the screen."""
+    return prompt if len(prompt) <= most else prompt[: most - 3] + "..."
 
 
 def left_padded_batch(
