@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import warnings
@@ -31,6 +32,7 @@ from .decoding.catalog import (
 from .devices import DEFAULT_HELP, check_device, device_type
 from .precisions import add_dtype_argument, check_precision, default_precision
 from .seeds import check_seed
+from .speedup import against_ar
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -136,11 +138,33 @@ def check_out(args: argparse.Namespace) -> None:
             )
         check_folder(flag, path)
     tags = [""] + (["-ar"] if args.compare else [])
-    files = [p for tag in tags for p in output_paths(args.out, args.num_images, tag)]
-    taken = [p for p in files + ([args.grid] if args.grid is not None else []) if p.exists()]
+    if args.grid is not None and is_output(args.grid, args.out, args.num_images, tags):
+        raise ValueError(
+            f"--grid {args.grid} is also the name of an image file of --out {args.out}: choose another --grid"
+        )
+    folder = args.out.absolute().parent
+    taken = (
+        sorted(p for p in folder.iterdir() if is_output(p, args.out, args.num_images, tags)) if folder.is_dir() else []
+    )
+    taken += [args.grid] if args.grid is not None and args.grid.exists() else []
     if taken and not args.overwrite:
-        names = ", ".join(map(str, taken))
+        names = ", ".join(map(str, taken[:5])) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
         raise ValueError(f"{names} already exist: pass --overwrite to replace them, or choose another --out")
+
+
+def is_output(path: Path, out: Path, count: int, tags: list[str]) -> bool:
+    """Whether `path` is one of the `count` image files `output_paths` makes of `out` with one of `tags`, read off
+    its name: a folder's files are few, while --num-images may ask for millions of names."""
+    if path.absolute().parent != out.absolute().parent:
+        return False
+    for tag in tags:
+        stem = re.escape(f"{out.stem}{tag}")
+        if count == 1 and path.name == f"{out.stem}{tag}{out.suffix}":
+            return True
+        index = re.fullmatch(stem + r"-(0|[1-9][0-9]*)" + re.escape(out.suffix), path.name)
+        if count > 1 and index is not None and int(index[1]) < count:
+            return True
+    return False
 
 
 def check_folder(flag: str, path: Path) -> None:
@@ -238,13 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             "forward_passes": baseline["forward_passes"] / stats["forward_passes"],
             "seconds": baseline["seconds"] / stats["seconds"],
         }
-        lines += [
-            describe(baseline, baseline_files),
-            (
-                f"speedup over ar: {report['speedup']['forward_passes']:.1f}x fewer forward passes, "
-                f"{report['speedup']['seconds']:.1f}x less time"
-            ),
-        ]
+        lines += [describe(baseline, baseline_files), f"{decoding_label(stats)}: {against_ar(stats, baseline)}"]
     if args.grid is not None:
         write_sheet(sheet, args)
         report["grid"] = str(args.grid)

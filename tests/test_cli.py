@@ -255,3 +255,58 @@ def test_a_pipeline_error_is_one_line_not_a_traceback(model_dir, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.endswith("ssd-generate: error: vertical_rows must be in 1..2 (the heads' vertical offsets), got 3.\n")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "flags, grid",
+    [
+        (["--out", "g.png"], "g.png"),
+        (["--out", "g.png", "--compare"], "g-ar.png"),
+        (["--out", "g.png", "--num-images", "3"], "g-2.png"),
+        (["--out", "g.png", "--num-images", "3", "--compare"], "g-ar-0.png"),
+    ],
+)
+def test_a_grid_that_would_overwrite_an_image_is_refused(tmp_path, capsys, flags, grid):
+    """Issue 56: `--out g.png --grid g.png` wrote the sheet over the image, and `--grid g-ar.png` over AR's."""
+    flags = [str(tmp_path / f) if f.endswith(".png") else f for f in flags]
+    with pytest.raises(SystemExit):
+        main(["a red circle", *flags, "--grid", str(tmp_path / grid)])
+    assert capsys.readouterr().err.endswith(
+        f"error: --grid {tmp_path / grid} is also the name of an image file of --out {tmp_path / 'g.png'}: "
+        "choose another --grid\n"
+    )
+
+
+@pytest.mark.parametrize("grid", ["g-3.png", "g-01.png", "g-ar.png", "h.png"])
+def test_a_grid_beside_the_images_is_not_taken_for_one(grid, tmp_path):
+    from ssd_pipelines.cli import parse_args
+
+    args = parse_args(
+        ["a red circle", "--out", str(tmp_path / "g.png"), "--num-images", "3", "--grid", str(tmp_path / grid)]
+    )
+    assert args.grid == tmp_path / grid
+
+
+def test_millions_of_images_are_refused_without_naming_each_file(model_dir, tmp_path, capsys, monkeypatch):
+    """Issue 56: --num-images 10000000 spent 117 s and 2.8 GB on output names before the memory check said no."""
+    from ssd_pipelines import cli
+
+    named = []
+    monkeypatch.setattr(cli, "output_paths", lambda out, count, tag="": named.append(count) or [])
+    (tmp_path / "img-5.png").write_bytes(b"")  # one of the ten million names, found without making them all
+    args = ["a red circle", "--out", str(tmp_path / "img.png"), "--model", str(model_dir), "--num-images", "10000000"]
+    with pytest.raises(SystemExit):
+        main(args)
+    assert f"{tmp_path / 'img-5.png'} already exist: pass --overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 2
+    assert "10000000 images need at least" in capsys.readouterr().err
+    assert named == []
+
+
+def test_compare_says_how_many_times_faster_or_slower(model_dir, tmp_path, capsys):
+    """Issue 56: "2.5x fewer forward passes, 0.9x less time" read like a speedup while it was a slowdown."""
+    main(["a red circle", "--out", str(tmp_path / "img.png"), "--model", str(model_dir), "--compare"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"auto \(exact\): [\d.]+x (fewer|more) forward passes and ([\d.]+x (faster|slower) than|as fast as) ar", last
+    ), last

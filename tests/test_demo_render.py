@@ -60,7 +60,7 @@ def test_statistics_and_speedup_come_from_the_runs():
     table = render.stats_markdown({"ssd": SSD, "ar": AR})
     assert "| forward passes | 36 | 256 |" in table and "| acceptance per round | 0.25 | - |" in table
     speedup = render.speedup_markdown(SSD, AR)
-    assert "7.1x fewer forward passes, 4.0x less time" in speedup
+    assert "**ssd in this run: 7.1x fewer forward passes and 4.0x faster than ar** (same prompt and seed)." in speedup
     assert speedup.endswith(
         "ssd is lossy: its distribution is close to ar's, not equal to it, and the pictures differ."
     )

@@ -30,6 +30,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
             "ssd_pipelines.plots",
             "ssd_pipelines.sampling",
             "ssd_pipelines.acceptance",
+            "ssd_pipelines.speedup",
             "ssd_pipelines.decoding.options",
             "ssd_pipelines.decoding.catalog",
         ),
