@@ -1,4 +1,5 @@
-"""Serving on Ray Serve (ssd_pipelines/serving): the HTTP API, batching, seeds, bad input, a replica's death.
+"""Serving on Ray Serve (ssd_pipelines/serving): the HTTP API, batching, seeds, bad input, slow and idle clients,
+a replica's death, `ssd-serve`'s stop.
 
 The batching tests first run without Ray on a tiny pipeline. The HTTP tests run the bundled reference model on
 two replicas of a local Ray that the session starts (tests/ray_cluster.py); every wait has a deadline.
@@ -10,7 +11,12 @@ import base64
 import http.client
 import io
 import json
+import os
+import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -26,12 +32,13 @@ from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.decoding import STRATEGIES
 from ssd_pipelines.hub import BUNDLED_MODEL
 from ssd_pipelines.serving.batching import run_batch
-from ssd_pipelines.serving.request import GenerateRequest, Limits, generators, prepare
+from ssd_pipelines.serving.request import GenerateRequest, Limits, generators, max_body_bytes, prepare
 from ssd_pipelines.testing import tiny_pipeline
 
 APP = "ssd-test"
 STARTUP_S, REQUEST_S = 240, 180
 FAST = {"decoding": "ssd", "verify_rounds": 1}  # the reference model's quickest decoding (36 passes)
+BODY_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S = 6.0, 2  # the test server's, short: the tests wait them out
 
 
 # --- batching, without Ray --------------------------------------------------------------------------------------
@@ -94,6 +101,24 @@ def test_a_request_is_refused_before_batching_with_the_pipelines_message(tiny):
         prepare(tiny, GenerateRequest(prompt="a red circle", num_images=3), Limits(max_images_per_request=2))
 
 
+def test_a_prompt_longer_than_the_model_reads_is_refused_before_it_is_tokenized(tiny, monkeypatch):
+    """A 20 MB prompt took 98 s to tokenize (issue 56): `prepare` refuses it first, in the pipeline's words."""
+    chars = tiny.max_prompt_chars
+    for field in ("prompt", "negative_prompt"):
+        long = {"prompt": "a red circle", field: "a" * (chars + 1)}
+        with pytest.raises(ValueError) as expected:
+            tiny(**long, guidance_scale=3.0, output_type="latent")
+
+        def tokenize(*args, **kwargs):
+            raise AssertionError("tokenized a prompt longer than the model reads")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(type(tiny.image_backbone), "encode_prompts", tokenize)
+            with pytest.raises(ValueError) as refused:
+                prepare(tiny, GenerateRequest(**long, guidance_scale=3.0))
+        assert str(refused.value) == str(expected.value) and f"{chars:,}" in str(refused.value)
+
+
 def test_ssd_serve_help_lists_its_options(capsys):
     from importlib.metadata import entry_points
 
@@ -114,6 +139,8 @@ def test_ssd_serve_help_lists_its_options(capsys):
         "--address",
         "--threads",
         "--gpus-per-replica",
+        "--body-timeout-s",
+        "--keep-alive-timeout-s",
     ):
         assert flag in text
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "ssd-serve"]
@@ -129,6 +156,8 @@ def test_ssd_serve_help_lists_its_options(capsys):
 class Server:
     def __init__(self, url: str):
         self.url = url
+        parts = urllib.parse.urlsplit(url)
+        self.address = (parts.hostname, parts.port)
 
     def get(self, path: str) -> dict:
         with urllib.request.urlopen(self.url + path, timeout=30) as response:
@@ -178,14 +207,47 @@ def within(seconds: float, what: str, work):
     return result.get("value")
 
 
+def raw_request(server: Server, head: str, body: bytes = b"") -> socket.socket:
+    """A connection that sent `head` (the request line and headers) and `body`, and then nothing."""
+    connection = socket.create_connection(server.address)
+    connection.sendall(head.encode() + b"\r\n\r\n" + body)
+    return connection
+
+
+def answered(connection: socket.socket) -> bool:
+    """The server sent something on this connection, or closed it."""
+    return bool(select.select([connection], [], [], 0)[0])
+
+
+def read_answer(connection: socket.socket, timeout: float) -> tuple[int, dict]:
+    connection.settimeout(timeout)
+    response = http.client.HTTPResponse(connection)
+    response.begin()
+    return response.status, json.loads(response.read())
+
+
+def wait_closed(connections: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """Those of `connections` the server has not closed within `seconds`."""
+    deadline, waiting = time.monotonic() + seconds, set(connections)
+    while waiting and time.monotonic() < deadline:
+        for connection in select.select(list(waiting), [], [], 0.5)[0]:
+            try:
+                assert connection.recv(1) == b"", "an idle connection was sent data"
+            except ConnectionResetError:
+                pass
+            waiting.discard(connection)
+    return list(waiting)
+
+
 @pytest.fixture(scope="module")
 def server(ray_cluster):
     from ray import serve
 
+    from ssd_pipelines.serving import timeouts
     from ssd_pipelines.serving.deployment import build_app
 
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    timeouts.start("127.0.0.1", port, KEEP_ALIVE_TIMEOUT_S)
     app = build_app(
         BUNDLED_MODEL,
         num_replicas=2,
@@ -193,6 +255,7 @@ def server(ray_cluster):
         max_batch_size=8,
         batch_wait_timeout_s=0.25,  # long enough for 16 requests sent at once to meet in batches
         threads=1,
+        body_timeout_s=BODY_TIMEOUT_S,
     )
     started = time.perf_counter()
     try:
@@ -219,7 +282,7 @@ def decoded_png(data: bytes) -> np.ndarray:
     return np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def test_health_and_info(server):
+def test_health_and_info(server, pipe):
     assert server.get("/health")["status"] == "ok"
     info = server.get("/info")
     assert info["model"] == str(BUNDLED_MODEL) and info["image_size"] == {"height": 64, "width": 64}
@@ -235,6 +298,12 @@ def test_health_and_info(server):
     assert info["decodings"]["ssd"]["options"]["verify_rounds"]["default"] == 2
     assert info["decodings"]["exact"]["lossless"] and not info["decodings"]["ssd"]["lossless"]
     assert info["serving"]["max_batch_size"] == 8 and "verify_rounds" in info["request_fields"]
+    chars = pipe.max_prompt_chars
+    assert info["limits"] == {
+        "max_prompt_chars": chars,
+        "max_body_bytes": max_body_bytes(chars),
+        "body_timeout_s": BODY_TIMEOUT_S,
+    }
 
 
 @pytest.mark.parametrize(
@@ -329,10 +398,10 @@ JSON = {"Content-Type": "application/json"}
             400,
             "the body is not UTF-8 (byte 0xe9 at position 18): encode it in UTF-8.",
         ),
-        (  # Python's json gives up with a RecursionError
+        (  # Python's json gives up with a RecursionError (1,000 levels), in a body shorter than the cap
             "POST",
             "/generate",
-            b"[" * 5000 + b"]" * 5000,
+            b"[" * 1500 + b"]" * 1500,
             JSON,
             400,
             f"the body is nested too deeply to be a request: send a flat JSON object such as {EXAMPLE}.",
@@ -371,7 +440,7 @@ JSON = {"Content-Type": "application/json"}
         "no-content-type",
         "not-json",
         "not-utf8",
-        "nested-5000",
+        "nested-1500",
         "array",
         "string",
         "no-route",
@@ -461,6 +530,105 @@ def test_png_response_is_the_image_with_its_stats_in_headers(server, pipe):
     assert np.abs(decoded_png(png).astype(int) - np.asarray(direct.images[0])).max() <= 2
 
 
+HEAD = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}"
+
+
+def test_bodies_that_stall_hold_no_replica_and_get_408(server):
+    """40 requests whose body stops halfway, more than the two replicas' 32 slots (issue 56: 17 stalled one
+    replica's 16): /health and /generate answer while they still wait, and each of them gets 408 at the timeout."""
+    stalled = [raw_request(server, HEAD.format(length=1000), b'{"prompt": "a red') for _ in range(40)]
+    try:
+        started = time.perf_counter()
+
+        def health_and_generate():
+            return server.get("/health"), server.post({"prompt": "a red circle", **FAST}, timeout=BODY_TIMEOUT_S)
+
+        health, (status, _, _) = within(
+            BODY_TIMEOUT_S, "/health and /generate behind 40 stalled bodies", health_and_generate
+        )
+        print(f"/health and /generate behind 40 stalled bodies: {time.perf_counter() - started:.2f} s")
+        assert health["status"] == "ok" and status == 200
+        assert not any(map(answered, stalled)), "a stalled body was refused before its timeout: this test waited less"
+        answers = [read_answer(connection, BODY_TIMEOUT_S + 30) for connection in stalled]
+    finally:
+        for connection in stalled:
+            connection.close()
+    refused = f"the body did not arrive within {BODY_TIMEOUT_S:g} s of the request: send the whole body at once, right after the headers."
+    assert answers == [(408, {"error": refused})] * 40
+
+
+def body_limits(pipe) -> tuple[int, int]:
+    chars = pipe.max_prompt_chars
+    return chars, max_body_bytes(chars)
+
+
+def too_large(sent: str, pipe) -> str:
+    chars, most = body_limits(pipe)
+    return (
+        f"the body is larger than any request this server reads ({sent}, and the most is {most}: two prompts of "
+        f"{chars} characters and the other fields): shorten the prompt and negative_prompt to at most {chars} "
+        "characters each."
+    )
+
+
+def test_a_content_length_past_the_cap_gets_413_before_the_body_is_sent(server, pipe):
+    _, most = body_limits(pipe)
+    connection = raw_request(server, HEAD.format(length=most + 1))  # and no byte of the body
+    try:
+        answer = read_answer(connection, BODY_TIMEOUT_S / 2)
+    finally:
+        connection.close()
+    assert answer == (413, {"error": too_large(f"its Content-Length says {most + 1} bytes", pipe)})
+
+
+def test_a_chunked_body_past_the_cap_gets_413(server, pipe):
+    _, most = body_limits(pipe)
+    chunks = [b" " * 4096] * (most // 4096) + [b" " * (most % 4096 + 1)]  # one byte past the cap
+    headers = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    connection = http.client.HTTPConnection(urllib.parse.urlsplit(server.url).netloc, timeout=60)
+    try:
+        connection.request("POST", "/generate", body=iter(chunks), headers=headers, encode_chunked=True)
+        response = connection.getresponse()
+        answer = response.status, json.loads(response.read())
+    finally:
+        connection.close()
+    assert answer == (413, {"error": too_large(f"more than {most} bytes arrived", pipe)})
+
+
+def test_the_longest_prompts_the_model_reads_pass_the_body_cap(server, pipe):
+    """Both prompts at the model's limit, of the character JSON escapes the longest (a surrogate pair, 12 bytes):
+    the body is read and drawn, not refused."""
+    chars = pipe.max_prompt_chars
+    widest = "\U0001f600"
+    body = {"prompt": widest * chars, "negative_prompt": widest * chars, "seed": 3, **FAST}
+    assert len(json.dumps(body)) > 2 * 12 * chars  # escaped as sent
+    status, answer, _ = server.post(body)
+    assert status == 200 and len(answer["images"]) == 1, answer
+
+
+@pytest.mark.parametrize("field", ["prompt", "negative_prompt"])
+def test_a_prompt_longer_than_the_model_reads_gets_400_naming_the_limit(server, pipe, field):
+    chars = pipe.max_prompt_chars
+    long = {"prompt": "a red circle", field: "a" * (chars + 1)}
+    with pytest.raises(ValueError) as expected:
+        pipe(**long, output_type="latent")
+    status, answer, _ = server.post(long, timeout=60)
+    assert (status, answer) == (400, {"error": str(expected.value)}) and f"{chars:,}" in answer["error"]
+
+
+def test_connections_that_send_nothing_are_closed_after_the_keep_alive_timeout(server):
+    """200 connections that never send a request (issue 56: never closed): open at half the timeout, closed after."""
+    idle = [socket.create_connection(server.address) for _ in range(200)]
+    try:
+        time.sleep(KEEP_ALIVE_TIMEOUT_S / 2)
+        assert not any(map(answered, idle)), "closed before the keep-alive timeout"
+        still_open = wait_closed(idle, KEEP_ALIVE_TIMEOUT_S + 30)
+    finally:
+        for connection in idle:
+            connection.close()
+    assert not still_open, f"{len(still_open)} of 200 idle connections still open"
+
+
 def replica_names() -> list[str]:
     import ray
 
@@ -499,3 +667,50 @@ def test_a_replica_killed_under_load_is_replaced_and_no_request_hangs(server):
     with ThreadPoolExecutor(4) as pool:
         later = list(pool.map(server.post, bodies[:4], timeout=REQUEST_S + 30))
     assert [status for status, _, _ in later] == [200] * 4
+
+
+STOP_S = 60
+STOP_WORDS = ("failed", "Traceback", "retries remaining")  # what Serve's shutdown logged (issue 56)
+
+
+def test_ssd_serve_stops_cleanly_on_sigterm(tmp_path):
+    """`ssd-serve` on its own local Ray: its proxies close an idle connection after --keep-alive-timeout-s, and
+    SIGTERM stops it with status 0, and nothing failed or retried in its output."""
+    from ray_cluster import require_ray
+
+    require_ray()
+    port, log = free_port(), tmp_path / "ssd-serve.log"
+    command = [sys.executable, "-m", "ssd_pipelines.serving.cli", "--port", str(port), "--num-cpus", "1"]
+    environment = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [*command, "--keep-alive-timeout-s", "1"], stdout=output, stderr=subprocess.STDOUT, env=environment
+        )
+    try:
+        wait_healthy(Server(f"http://127.0.0.1:{port}"), process, log)
+        idle = socket.create_connection(("127.0.0.1", port))
+        assert not wait_closed([idle], 1 + 10), "an idle connection outlived --keep-alive-timeout-s 1"
+        idle.close()
+        process.send_signal(signal.SIGTERM)
+        started = time.perf_counter()
+        status = process.wait(timeout=STOP_S)
+        print(f"ssd-serve stopped {time.perf_counter() - started:.1f} s after SIGTERM")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert status == 0, text[-3000:]
+    assert [line for line in text.splitlines() if any(word in line for word in STOP_WORDS)] == []
+
+
+def wait_healthy(server: Server, process: subprocess.Popen, log) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        assert process.poll() is None, f"ssd-serve exited with {process.returncode}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"ssd-serve not healthy in {STARTUP_S} s: {log.read_text()[-3000:]}"
+        try:
+            if server.get("/health")["status"] == "ok":
+                return
+        except OSError:  # not listening yet, or the application not deployed yet
+            time.sleep(1)

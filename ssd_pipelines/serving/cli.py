@@ -8,6 +8,8 @@ ssd-serve --exact-max-batch measure                          # auto's crossover 
 
 Without --address it starts a local Ray with this machine's CPUs (and GPUs) and stops it on exit; with --address
 it joins that cluster and on exit deletes only its own application. docs/serving.md describes the HTTP API.
+A body must arrive within --body-timeout-s of its request (else 408), and a connection idle for
+--keep-alive-timeout-s, before its first request as between requests, is closed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import time
 
 from ..precisions import add_dtype_argument, check_precision, default_precision
+from .timeouts import BODY_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S
 
 APP_NAME = "ssd"
 
@@ -64,6 +67,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="auto's crossover for requests that leave it out: the largest call decoded with exact, larger ones "
         "with ar; 'measure': each replica times exact against ar at start-up (~30 s on a CPU); default 1",
     )
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=BODY_TIMEOUT_S,
+        help=f"seconds a request's body may take to arrive; a slower one gets HTTP 408 (default {BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout-s",
+        type=int,
+        default=KEEP_ALIVE_TIMEOUT_S,
+        help="seconds a connection may stay idle, before its first request or between requests, before the server "
+        f"closes it (default {KEEP_ALIVE_TIMEOUT_S}, Serve's own)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica (default 1)")
     parser.add_argument(
         "--cpus-per-replica", type=float, default=None, help="Ray CPUs per replica (default: --threads)"
@@ -81,12 +97,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.replicas is not None and args.autoscaling is not None:
         parser.error("pass --replicas or --autoscaling, not both")
-    for name in ("replicas", "max_batch_size", "max_images", "threads", "max_ongoing_requests", "num_cpus"):
+    at_least_one = ("replicas", "max_batch_size", "max_images", "threads", "max_ongoing_requests", "num_cpus")
+    for name in (*at_least_one, "keep_alive_timeout_s"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.batch_wait_timeout_s < 0:
         parser.error(f"--batch-wait-timeout-s must be >= 0, got {args.batch_wait_timeout_s}")
+    if not args.body_timeout_s > 0:
+        parser.error(f"--body-timeout-s must be > 0, got {args.body_timeout_s}")
     replica_device = "cuda" if args.gpus_per_replica else "cpu"
     args.dtype = args.dtype or default_precision(replica_device)
     try:
@@ -127,6 +146,7 @@ def build(args: argparse.Namespace):
         max_ongoing_requests=args.max_ongoing_requests,
         max_queued_requests=args.max_queued_requests,
         exact_max_batch=args.exact_max_batch,
+        body_timeout_s=args.body_timeout_s,
     )
 
 
@@ -134,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import ray
     from ray import serve
+
+    from . import timeouts
 
     try:
         app = build(args)
@@ -146,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=args.num_cpus or os.cpu_count(), include_dashboard=False)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: replicas and Ray shut down
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        timeouts.start(args.host, args.port, args.keep_alive_timeout_s)
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(
             f"ssd-serve: serving on http://{args.host}:{args.port} (POST /generate, GET /info); Ctrl-C stops",
@@ -157,11 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ssd-serve: stopping", file=sys.stderr)
     finally:
-        if args.address:
-            serve.delete(APP_NAME)  # only ours: the cluster and its other applications stay
-        else:
-            serve.shutdown()
-        ray.shutdown()
+        # Not serve.shutdown(): it waits on the controller's graceful_shutdown task until the controller kills
+        # itself, and Ray, which retries the controller's tasks for ever, logs that task as failed at every stop.
+        serve.delete(APP_NAME)  # our replicas finish their requests and stop; a cluster joined keeps the rest
+        ray.shutdown()  # the local Ray started without --address stops, and Serve with it
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What GET /info says of a served pipeline: its model, image sizes, decodings with their options and defaults."""
+"""What GET /info says of a served pipeline: its model, image sizes, decodings with their options and defaults,
+the limits of a request and the server's settings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from ..decoding import DEFAULT_DECODING, STRATEGIES, USER_DECODINGS
 from .request import GenerateRequest
 
 
-def describe(pipe, model: str, serving: dict) -> dict:
+def describe(pipe, model: str, serving: dict, limits: dict) -> dict:
     backbone = pipe.image_backbone
     (height, width), grid = backbone.image_size, backbone.grid
     fixed = type(backbone).grid_for_size is ImageBackbone.grid_for_size  # the base class makes one size only
@@ -22,6 +23,7 @@ def describe(pipe, model: str, serving: dict) -> dict:
         "user_decodings": list(USER_DECODINGS),
         "decodings": {name: _decoding(cls, pipe) for name, cls in STRATEGIES.items()},
         "request_fields": list(GenerateRequest.model_fields),
+        "limits": limits,
         "serving": serving,
     }
 

@@ -4,11 +4,15 @@ Validation runs before a request joins a batch, with the pipeline's own checks (
 `pipe.check_inputs`), so a bad request is refused with the pipeline's `ValueError` text and never fails a batch of
 good ones. The decoding options a body may carry are read from the strategies' declarations
 (`ssd_pipelines.decoding`), not from a table kept here. Numbers are passed on as the client sent them, so that
-the pipeline refuses `num_images=2.5` instead of the server truncating it.
+the pipeline refuses `num_images=2.5` instead of the server truncating it. A prompt longer than the model reads is
+refused by `check_inputs` before it is tokenized; a body larger than any readable request (`max_body_bytes`), by
+the gateway before it is read whole.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -57,6 +61,18 @@ GenerateRequest = create_model(
         for name, (option, _) in decoding_options().items()
     },
 )
+
+
+PROMPTS = ("prompt", "negative_prompt")
+
+
+def max_body_bytes(prompt_chars: int) -> int:
+    """The largest body a readable request can have (`prompt_chars`: the pipeline's `max_prompt_chars`), measured
+    on the largest one: both prompts at `prompt_chars` characters that JSON escapes at the greatest length (a
+    surrogate pair, 12 bytes), every other field at the longest JSON number, indented."""
+    largest = {name: -sys.float_info.max for name in GenerateRequest.model_fields}
+    largest |= {name: chr(sys.maxunicode) * prompt_chars for name in PROMPTS}
+    return len(json.dumps(largest, indent=2).encode())
 
 
 @dataclass(frozen=True)
