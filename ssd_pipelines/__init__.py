@@ -6,6 +6,10 @@ submodule, such as the command lines' argument parsers, does not load torch, dif
 
 import importlib
 
+from .backend_logs import quiet_backend_imports
+
+quiet_backend_imports()  # before any module of ours imports transformers or diffusers
+
 __version__ = "0.1.0"
 
 _EXPORTS = {  # name: the module that defines it

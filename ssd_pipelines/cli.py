@@ -149,7 +149,8 @@ def check_out(args: argparse.Namespace) -> None:
     taken += [args.grid] if args.grid is not None and args.grid.exists() else []
     if taken and not args.overwrite:
         names = ", ".join(map(str, taken[:5])) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
-        raise ValueError(f"{names} already exist: pass --overwrite to replace them, or choose another --out")
+        verb, them = ("exists", "it") if len(taken) == 1 else ("exist", "them")
+        raise ValueError(f"{names} already {verb}: pass --overwrite to replace {them}, or choose another --out")
 
 
 def is_output(path: Path, out: Path, count: int, tags: list[str]) -> bool:

@@ -76,7 +76,7 @@ def test_grid_puts_every_decodings_images_on_one_sheet(model_dir, tmp_path, caps
     assert grid.crop((130, 66 + 36, 130 + 32, 66 + 36 + 32)).tobytes() == first_ar.tobytes()  # row 2: ar
     with pytest.raises(SystemExit):  # the sheet exists now: refused like any image file
         main(["a", "--out", str(tmp_path / "new.png"), "--model", str(model_dir), "--grid", str(sheet)])
-    assert f"{sheet} already exist: pass --overwrite" in capsys.readouterr().err
+    assert f"{sheet} already exists: pass --overwrite" in capsys.readouterr().err
 
 
 def test_exact_decoding_from_the_command_line(model_dir, tmp_path, capsys):
@@ -119,7 +119,7 @@ def test_existing_files_are_not_overwritten_unless_asked(model_dir, tmp_path, ca
     args = ["a", "--out", str(out), "--model", str(model_dir), "--compare"]
     with pytest.raises(SystemExit):
         main(args)
-    assert "img-ar.png already exist: pass --overwrite" in capsys.readouterr().err
+    assert "img-ar.png already exists: pass --overwrite" in capsys.readouterr().err
     assert (tmp_path / "img-ar.png").read_bytes() == b"keep me" and not out.exists()
     assert main([*args, "--overwrite"]) == 0
     assert PIL.Image.open(tmp_path / "img-ar.png").size == (16, 16)
@@ -297,7 +297,12 @@ def test_millions_of_images_are_refused_without_naming_each_file(model_dir, tmp_
     args = ["a red circle", "--out", str(tmp_path / "img.png"), "--model", str(model_dir), "--num-images", "10000000"]
     with pytest.raises(SystemExit):
         main(args)
-    assert f"{tmp_path / 'img-5.png'} already exist: pass --overwrite" in capsys.readouterr().err
+    assert f"{tmp_path / 'img-5.png'} already exists: pass --overwrite to replace it," in capsys.readouterr().err
+    (tmp_path / "img-7.png").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(args)
+    taken = f"{tmp_path / 'img-5.png'}, {tmp_path / 'img-7.png'} already exist: pass --overwrite to replace them,"
+    assert taken in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 2
     assert "10000000 images need at least" in capsys.readouterr().err
     assert named == []

@@ -31,6 +31,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
             "ssd_pipelines.sampling",
             "ssd_pipelines.acceptance",
             "ssd_pipelines.speedup",
+            "ssd_pipelines.backend_logs",
             "ssd_pipelines.decoding.options",
             "ssd_pipelines.decoding.catalog",
         ),
