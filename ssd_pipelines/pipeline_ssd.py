@@ -44,6 +44,7 @@ EXAMPLE_DOC_STRING = """
         >>> import torch
         >>> from ssd_pipelines import SSDAutoregressivePipeline
 
+        >>> torch.set_num_threads(1)  # on a CPU: a small model gains little from more threads, and loses much on a busy machine
         >>> pipe = SSDAutoregressivePipeline.from_pretrained("hub_cards/ssd-reference")
         >>> out = pipe("a red circle left of a blue square", generator=torch.Generator().manual_seed(0))
         >>> out.images[0].save("circle.png")
@@ -53,6 +54,13 @@ EXAMPLE_DOC_STRING = """
 """
 
 DEVICE_MAP_OPTIONS = ("device_map", "max_memory", "offload_folder")  # accelerate, through transformers
+
+
+COMPILING_ON_A_CPU = (
+    "enable_compiled_passes() on a CPU: the first call compiles for minutes, and later calls are no faster "
+    "(the reference model, one thread: 149 s, then 1.46 s a call against eager's 1.32 s; docs/decoding.md, "
+    "'Compiled passes'). It is meant for a GPU: disable_compiled_passes() runs the passes eagerly again."
+)
 
 
 @dataclass
@@ -225,10 +233,13 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         thread keeps the state its last call's graphs wrote (KV cache, codes), so that the next call of its shapes
         replays them; disabling frees it.
 
-        Opt-in, as diffusers leaves `torch.compile` to its users: the first call compiles (a minute or more on a
-        2-core CPU), later calls may run faster (docs/decoding.md, "Compiled passes"). The codes are eager's for
-        the same seed. A pass the backend cannot compile warns once and runs eagerly from then on; moving the
+        Opt-in, as diffusers leaves `torch.compile` to its users, and for GPUs: on a CPU it does not pay, and
+        inductor there warns so. On the reference model, one thread, the first `auto` call compiled for 149 s and
+        later calls took 1.46 s against eager's 1.32 s (docs/decoding.md, "Compiled passes";
+        docs/probes/compiled_on_cpu.py). The codes are eager's for the same seed. A pass the backend cannot compile warns once and runs eagerly from then on; moving the
         pipeline to another device or dtype compiles again on the next call."""
+        if self.device.type == "cpu" and compile_options.get("backend", "inductor") == "inductor":
+            warnings.warn(COMPILING_ON_A_CPU, UserWarning, stacklevel=2)
         self.image_backbone.compile_passes({"dynamic": not uses_cuda_graphs(compile_options), **compile_options})
 
     def disable_compiled_passes(self) -> None:

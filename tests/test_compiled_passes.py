@@ -362,3 +362,19 @@ def codes_eagerly(pipe):
         return codes(pipe, "exact", {}, 1.0)
     finally:
         backbone.compile_passes(options)
+
+
+def test_compiling_with_inductor_on_a_cpu_says_it_does_not_pay():
+    """Issue 56, case 17: enable_compiled_passes() spent 150 s compiling on a CPU for no gain, and said nothing."""
+    from ssd_pipelines.pipeline_ssd import COMPILING_ON_A_CPU
+
+    pipe = tiny_pipeline()
+    for options in ({}, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"}):
+        with pytest.warns(UserWarning) as caught:
+            pipe.enable_compiled_passes(**options)
+        assert [str(w.message) for w in caught] == [COMPILING_ON_A_CPU]
+    assert "149 s, then 1.46 s a call against eager's 1.32 s" in COMPILING_ON_A_CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe.enable_compiled_passes(backend="aot_eager")  # a backend chosen to trace, not to be fast
+    pipe.disable_compiled_passes()

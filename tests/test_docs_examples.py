@@ -7,6 +7,7 @@ from pathlib import Path
 
 import PIL.Image
 import pytest
+import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.cli import main
@@ -27,11 +28,23 @@ def code_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
 
 
-def test_the_readme_python_example_runs(in_a_fresh_folder):
+@pytest.fixture
+def torchs_default_threads():
+    """Two threads, as torch starts on this 2-core machine (the tests themselves run on one): for the examples to
+    set what a user's fresh process would need."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_readme_python_example_runs(in_a_fresh_folder, torchs_default_threads):
+    """It sets one thread (issue 56, case 14: without it the example ran 5-23x slower than the CLI on a busy CPU)."""
     (example,) = code_blocks("python")
     exec(compile(example, "README.md", "exec"), {})  # noqa: S102 - our own README
     assert PIL.Image.open(in_a_fresh_folder / "triangles.png").size == (64, 64)
     assert (in_a_fresh_folder / "my-pipeline" / "model_index.json").is_file()
+    assert torch.get_num_threads() == 1
 
 
 def test_the_readme_command_lines_run(in_a_fresh_folder, capsys):
@@ -42,8 +55,9 @@ def test_the_readme_command_lines_run(in_a_fresh_folder, capsys):
     assert (in_a_fresh_folder / "out.png").is_file() and (in_a_fresh_folder / "out-ar-3.png").is_file()
 
 
-def test_the_pipeline_docstring_example_runs(in_a_fresh_folder):
+def test_the_pipeline_docstring_example_runs(in_a_fresh_folder, torchs_default_threads):
     """The example loads without dtype, as a new user would: every decoding must then work."""
     script = doctest.script_from_examples(SSDAutoregressivePipeline.__call__.__doc__.split("Examples:")[-1])
     exec(compile(script, "pipeline_ssd.py", "exec"), {})  # noqa: S102 - our own docstring
     assert PIL.Image.open(in_a_fresh_folder / "circle.png").size == (64, 64)
+    assert torch.get_num_threads() == 1

@@ -49,6 +49,7 @@ It draws shapes, not photographs.
 import torch
 from ssd_pipelines import SSDAutoregressivePipeline
 
+torch.set_num_threads(1)  # on a CPU: a small model gains little from more threads, and loses much on a busy machine
 pipe = SSDAutoregressivePipeline.from_pretrained("{repo_id}", dtype=torch.float32)
 out = pipe("a red circle left of a blue square", generator=torch.Generator().manual_seed(0))
 out.images[0].save("out.png")  # decoding="auto": lossless, the model's own distribution in fewer passes
