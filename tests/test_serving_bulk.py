@@ -6,6 +6,7 @@ The bookkeeping tests run without Ray. The job itself runs in a subprocess that 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -70,6 +71,86 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path, capsys):
         with pytest.raises(SystemExit):
             bulk.parse_args([str(prompts), "--out", str(tmp_path / "out"), *argv])
         assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"a red circle\n\x89PNG\r\n", "is not UTF-8 text (byte 0x89 at position 13): give a text file of prompts"),
+        (b"a red circle\n\x00\x00", "holds NUL bytes at position 13, as binary files do: give a text file of prompts"),
+    ],
+    ids=["not-utf8", "nul-bytes"],
+)
+def test_a_binary_prompts_file_is_refused_by_name(tmp_path, capsys, data, says):
+    """Issue 56, case 11: the error said only "'utf-8' codec can't decode byte 0x89", of no file."""
+    prompts = tmp_path / "prompts.bin"
+    prompts.write_bytes(data)
+    with pytest.raises(SystemExit):
+        bulk.parse_args([str(prompts), "--out", str(tmp_path / "out")])
+    assert f"error: {prompts} {says}" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_made_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    """Issue 56, case 11: an --out it cannot create or write ended in a traceback (a file in its path here: root,
+    who runs CI, may write a read-only folder)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    (tmp_path / "taken").write_text("")
+    monkeypatch.setattr(bulk, "draw", lambda *args: pytest.fail("drew with an --out it cannot write"))
+    assert bulk.main([str(prompts), "--out", str(tmp_path / "taken" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bulk: error: cannot write to --out {tmp_path / 'taken' / 'out'} (")
+    assert err.endswith("): make it a folder this user can write, or choose another --out\n")
+    assert "Traceback" not in err
+
+
+def test_a_disk_that_fills_midway_keeps_what_was_drawn_and_says_to_rerun(tmp_path, capsys, monkeypatch):
+    """Issue 56, case 11: no space left midway ended in a traceback, although every image written is kept and the
+    same command resumes. The third image finds the disk full; the rerun draws only the prompts not drawn."""
+    from ssd_pipelines.serving import bulk_store
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"prompt {i}\n" for i in range(5)))
+    out = tmp_path / "out"
+
+    def batch(indices):
+        records = [json.dumps({"index": i, "prompt": f"prompt {i}", "seed": i}) for i in indices]
+        pngs = np.array([f"png {i}".encode() for i in indices], dtype=object)
+        return {"index": np.array(indices), "png": pngs, "record": np.array(records)}
+
+    drawn = []
+
+    def draw(args, job, output, todo, total, done):
+        indices = [index for index, _ in todo]
+        drawn.append(indices)
+        return bulk.store(output, [batch(indices[:2]), batch(indices[2:])], NoBar())
+
+    class NoBar:
+        def update(self):
+            pass
+
+    written = bulk_store._write_atomically
+
+    def full_disk(path, data):
+        if path.name == "000002.png":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no file named
+        written(path, data)
+
+    monkeypatch.setattr(bulk, "draw", draw)
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk_store, "_write_atomically", full_disk)
+        assert bulk.main([str(prompts), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"bulk: error: cannot write {out / 'images' / '000002.png'} (No space left on device): the 2 images drawn "
+        f"are kept in {out}; free space there or choose another --out, and run the same command again: it draws "
+        "only the prompts not drawn yet.\n"
+    )
+    assert bulk.main([str(prompts), "--out", str(out)]) == 0
+    assert drawn == [[0, 1, 2, 3, 4], [2, 3, 4]]
+    assert sorted(p.name for p in (out / "images").iterdir() if not p.name.startswith(".")) == [
+        f"{i:06d}.png" for i in range(5)
+    ]
 
 
 def test_seeds_follow_the_rule_of_every_face_prompt_n_drawing_from_seed_plus_n(tmp_path, capsys):

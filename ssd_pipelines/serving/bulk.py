@@ -7,12 +7,14 @@ python -m ssd_pipelines.serving.bulk prompts.txt --out DIR --address auto --gpus
 Prompt N (its line in the file, from 0; blank lines draw nothing) is drawn from the seed + N, so an image does
 not depend on the batch it ran in nor on the run. Rerun after a crash with the same options: the prompts already
 in DIR are skipped (serving/bulk_store.py says what is kept where). Exit status 1 when a prompt failed (its error
-is in stats.jsonl, and the next run tries it again), 2 for bad options.
+is in stats.jsonl, and the next run tries it again) or a write failed midway (a full disk: what was drawn is kept),
+2 for bad options, a prompts file that is not text, or an --out it cannot make or write.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:  # the library's checks, before anything starts
         check_options(args.decoding, **decoding_values(args))
         SamplingConfig(args.temperature, args.top_k, args.top_p, 1.0 if args.guidance is None else args.guidance)
-        check_seed(args.seed, len(args.prompts.read_text(encoding="utf-8").splitlines()), "--seed")  # N: seed + N
+        check_seed(args.seed, len(prompt_lines(args.prompts)), "--seed")  # prompt N draws from seed + N
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -97,9 +99,26 @@ def settings(args: argparse.Namespace) -> dict:
     }
 
 
+def prompt_lines(path: Path) -> list[str]:
+    """The lines of a prompts file; a ValueError naming the file when it is not text."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at position {error.start}): give a text file "
+            "of prompts, one a line, encoded in UTF-8."
+        ) from None
+    if "\x00" in text:
+        raise ValueError(
+            f"{path} holds NUL bytes at position {text.index(chr(0))}, as binary files do: give a text file of "
+            "prompts, one a line."
+        )
+    return text.splitlines()
+
+
 def read_prompts(path: Path) -> dict[int, str]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return {index: line.strip() for index, line in enumerate(lines) if line.strip()}
+    return {index: line.strip() for index, line in enumerate(prompt_lines(path)) if line.strip()}
 
 
 class BulkWorker:
@@ -160,16 +179,40 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"bulk: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"bulk: error: cannot write to --out {args.out} ({_reason(error)}): {_remedy(error)}", file=sys.stderr)
+        return 2
     todo = [(index, prompt) for index, prompt in prompts.items() if index not in done]
     print(f"bulk: {len(prompts)} prompts, {len(done)} drawn already, {len(todo)} to draw -> {args.out}", flush=True)
     if not todo:
         return 0
-    failed = draw(args, job, output, todo, len(prompts), len(done))
+    try:
+        failed = draw(args, job, output, todo, len(prompts), len(done))
+    except OSError as error:
+        if error.filename is None or not Path(error.filename).is_relative_to(args.out):
+            raise  # not the output folder's: a fault, with its traceback
+        kept = len(output.finished(prompts))
+        print(
+            f"bulk: error: cannot write {error.filename} ({_reason(error)}): the {kept} images drawn are kept in "
+            f"{args.out}; {_remedy(error)}, and run the same command again: it draws only the prompts not drawn yet.",
+            file=sys.stderr,
+        )
+        return 1
     if failed:
         print(
             f"bulk: {failed} prompts failed (errors in {output.stats_path}); rerun to try them again", file=sys.stderr
         )
     return 1 if failed else 0
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def _remedy(error: OSError) -> str:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space there or choose another --out"
+    return "make it a folder this user can write, or choose another --out"
 
 
 def draw(args: argparse.Namespace, job: dict, output: BulkOutput, todo: list, total: int, done: int) -> int:
@@ -196,17 +239,23 @@ def draw(args: argparse.Namespace, job: dict, output: BulkOutput, todo: list, to
             batch_format="numpy",
             **remote,
         )
-        run, failed = uuid.uuid4().hex[:12], 0
-        with tqdm(total=total, initial=done, unit="image", desc="bulk") as bar, open(output.stats_path, "a") as log:
-            for batch in drawn.iter_batches(batch_size=None, batch_format="numpy"):
-                for index, png, record in zip(batch["index"], batch["png"], batch["record"]):
-                    record = {**json.loads(record), "run": run, "time": time.time()}
-                    output.write(log, int(index), bytes(png), record)
-                    failed += "error" in record
-                    bar.update()
-        return failed
+        with tqdm(total=total, initial=done, unit="image", desc="bulk") as bar:
+            return store(output, drawn.iter_batches(batch_size=None, batch_format="numpy"), bar)
     finally:
         ray.shutdown()
+
+
+def store(output: BulkOutput, batches, bar) -> int:
+    """Store each drawn batch's images and records as they come; return how many prompts failed."""
+    run, failed = uuid.uuid4().hex[:12], 0
+    with open(output.stats_path, "a") as log:
+        for batch in batches:
+            for index, png, record in zip(batch["index"], batch["png"], batch["record"]):
+                record = {**json.loads(record), "run": run, "time": time.time()}
+                output.write(log, int(index), bytes(png), record)
+                failed += "error" in record
+                bar.update()
+    return failed
 
 
 if __name__ == "__main__":

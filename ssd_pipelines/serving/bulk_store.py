@@ -11,9 +11,11 @@ dropped; a prompt whose record says `error` is drawn again on the next run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 JOB_FILE, STATS_FILE, IMAGES = "job.json", "stats.jsonl", "images"
@@ -26,8 +28,11 @@ class BulkOutput:
         self.images = self.folder / IMAGES
 
     def claim(self, settings: dict) -> None:
-        """Make the folder, or check that it was made with these settings; a ValueError says what differs."""
+        """Make the folder, or check that it was made with these settings; a ValueError says what differs, an
+        OSError that the folder cannot be made or written (checked here, before any work starts)."""
         self.images.mkdir(parents=True, exist_ok=True)
+        for folder in (self.folder, self.images):
+            tempfile.TemporaryFile(dir=folder).close()  # a file can be made there
         job = self.folder / JOB_FILE
         if job.exists():
             before = json.loads(job.read_text())
@@ -74,10 +79,23 @@ class BulkOutput:
         """Store one prompt's result (`log` is stats.jsonl opened for appending): the image, then its record."""
         if png:
             path = self.image_path(index)
-            _write_atomically(path, png)
+            with _naming(path):
+                _write_atomically(path, png)
             record = {**record, "image": str(path.relative_to(self.folder)), "sha256": hashlib.sha256(png).hexdigest()}
-        log.write(json.dumps(record, sort_keys=True) + "\n")
-        log.flush()
+        with _naming(self.stats_path):
+            log.write(json.dumps(record, sort_keys=True) + "\n")
+            log.flush()
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An OSError of a write names the file, as one of open() does and one of write() does not (a full disk)."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
