@@ -26,7 +26,7 @@ _EXPORTS = {  # name: the module that defines it
     "SSDAutoregressivePipeline": ".pipeline_ssd",
     "SSDDecoding": ".decoding",
     "SSDPipelineOutput": ".pipeline_ssd",
-    "SamplingConfig": ".decoding.options",
+    "SamplingConfig": ".sampling_config",
     "make_strategy": ".decoding",
 }
 

@@ -13,8 +13,8 @@ import numbers
 from dataclasses import dataclass, field
 
 from .decoding import DEFAULT_DECODING, check_options, options_for
-from .decoding.options import SamplingConfig
 from .sampling import RandomSource, random_source
+from .sampling_config import SamplingConfig
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 

@@ -17,13 +17,11 @@ same codes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-if TYPE_CHECKING:
-    from .decoding.options import SamplingConfig  # a declaration; the maths only reads its fields
+from .sampling_config import SamplingConfig
 
 
 def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

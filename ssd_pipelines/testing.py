@@ -14,8 +14,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from .backbones import GridTokens, LlamaGridBackbone
-from .decoding.sjd import random_codes
 from .heads import DraftHeads
+from .peers.sjd import random_codes
 from .pipeline_ssd import SSDAutoregressivePipeline
 
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
@@ -79,7 +79,7 @@ def flat_backbone(**kwargs) -> LlamaGridBackbone:
 
 
 def with_uniform_drafts(strategy_class: type) -> type:
-    """A window strategy (`decoding/window.py`) drafting uniformly random codes with a uniform q: on a
+    """A window strategy (`peers/window.py`) drafting uniformly random codes with a uniform q: on a
     `flat_backbone` these are the model's own conditionals, so perfect drafts for SJD and GSD too."""
 
     class UniformDrafts(strategy_class):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ssd_pipelines import LlamaGridBackbone
-from ssd_pipelines.decoding.base import Block
+from ssd_pipelines.decoding.block import Block
 from ssd_pipelines.testing import tiny_llama, tiny_tokenizer
 
 

@@ -6,8 +6,8 @@ import torch
 
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.benchmarks.recheck import acceptance, main, recheck_cells
-from ssd_pipelines.decoding.options import SamplingConfig
 from ssd_pipelines.sampling import reweighted, target_probs
+from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_vqvae
 from ssd_pipelines.training.distill_data import teacher_forced_hidden
 

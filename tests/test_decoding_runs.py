@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDDecoding, make_strategy
-from ssd_pipelines.decoding.base import Block
+from ssd_pipelines.decoding.block import Block
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
 
 ROWS, COLS = 5, 7

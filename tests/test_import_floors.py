@@ -1,12 +1,14 @@
 """One way through the house: every import goes down a floor or stays on its own, and no two files import each other.
 
 The floors, from the ground up (README, "Layout"):
-0. declarations, free of engines: seeds, devices, plots, the sampling maths, the decodings' options and catalog;
+0. declarations, free of engines: seeds, devices, plots, the sampling config and maths, the decodings' options and
+   catalog;
 1. models: the backbone adapters, the drafting heads, the VQ decoders, the reference model's parts;
-2. decoding: the strategies and their engines;
-3. assembly: the pipeline, the loaders, the request object, the package's root;
-4. faces: the command lines, the server, the demo, the ComfyUI nodes;
-5. work done with the faces' parts: training, benchmarks, publishing.
+2. decoding: the engine's strategies (ar, ssd, exact, auto) and their runs;
+3. the peers, measured against the engine and built on its sliding window;
+4. assembly: the pipeline, the loaders, the request object, the package's root;
+5. faces: the command lines, the server, the demo, the ComfyUI nodes;
+6. work done with the faces' parts: training, benchmarks, publishing.
 
 Imports inside functions count, and so do imports under `if TYPE_CHECKING:`: to read an annotation is to read
 the module it names (hub.py once named the pipeline so, while the pipeline called into hub.py and hub.py back).
@@ -29,6 +31,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
             "ssd_pipelines.precisions",
             "ssd_pipelines.plots",
             "ssd_pipelines.sampling",
+            "ssd_pipelines.sampling_config",
             "ssd_pipelines.acceptance",
             "ssd_pipelines.speedup",
             "ssd_pipelines.backend_logs",
@@ -47,8 +50,9 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
         ),
     ),
     (2, ("ssd_pipelines.decoding",)),
+    (3, ("ssd_pipelines.peers",)),
     (
-        3,
+        4,
         (
             "ssd_pipelines",
             "ssd_pipelines.pipeline_ssd",
@@ -60,8 +64,8 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
             "ssd_pipelines.testing",
         ),
     ),
-    (4, ("ssd_pipelines.cli", "ssd_pipelines.serving", "app", "comfy_nodes")),
-    (5, ("ssd_pipelines.training", "ssd_pipelines.benchmarks", "ssd_pipelines.publishing")),
+    (5, ("ssd_pipelines.cli", "ssd_pipelines.serving", "app", "comfy_nodes")),
+    (6, ("ssd_pipelines.training", "ssd_pipelines.benchmarks", "ssd_pipelines.publishing")),
 ]
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-import ssd_pipelines.decoding.candidate_tree as tree_module
+import ssd_pipelines.peers.candidate_tree as tree_module
 from ssd_pipelines import ARDecoding, SamplingConfig
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import (

@@ -12,10 +12,10 @@ import torch
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.benchmarks.image_quality import code_histogram_distance, to_uint8
 from ssd_pipelines.decoding import ARDecoding, SSDDecoding
-from ssd_pipelines.decoding.options import SamplingConfig
 from ssd_pipelines.hub import BUNDLED_MODEL
 from ssd_pipelines.reference.quality import WEIGHTS, frechet_distance, image_features, load_quality_net
 from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.sampling_config import SamplingConfig
 
 PROMPTS = 32
 

@@ -16,8 +16,8 @@ from transformers import TorchAoConfig
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import ExactDecoding
-from ssd_pipelines.decoding.options import SamplingConfig
 from ssd_pipelines.quantization import precision_options
+from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.testing import tiny_pipeline
 
 REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"

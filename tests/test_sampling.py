@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from ssd_pipelines.decoding.options import MAX_GUIDANCE_SCALE, SamplingConfig
 from ssd_pipelines.sampling import (
     ImageGenerators,
     NoiseTape,
@@ -12,6 +11,7 @@ from ssd_pipelines.sampling import (
     uniform,
     verify_round,
 )
+from ssd_pipelines.sampling_config import MAX_GUIDANCE_SCALE, SamplingConfig
 from ssd_pipelines.testing import tiny_pipeline
 
 

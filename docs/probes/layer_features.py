@@ -26,8 +26,9 @@ from torch import nn
 from tqdm import trange
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.decoding.base import Block, both_branches
-from ssd_pipelines.decoding.options import SamplingConfig
+from ssd_pipelines.decoding.block import Block
+from ssd_pipelines.decoding.run import both_branches
+from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.heads import DraftHeads
 from ssd_pipelines.training.head_loss import HeadLosses
 

@@ -32,7 +32,8 @@ from transformers import ChameleonConfig, Emu3Config, JanusConfig, JanusForCondi
 
 from ..backbones import JanusProBackbone
 from ..backbones.prompts import left_padded_batch
-from ..decoding.base import Block, both_branches
+from ..decoding.block import Block
+from ..decoding.run import both_branches
 from ..heads import DraftHeads
 from ..tiny_published import image_token_name
 

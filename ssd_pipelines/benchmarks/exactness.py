@@ -34,9 +34,10 @@ from ..decoding import (
     SSDDecoding,
     ZipARDecoding,
 )
-from ..decoding.base import Block, both_branches
-from ..decoding.options import SamplingConfig
+from ..decoding.block import Block
+from ..decoding.run import both_branches
 from ..sampling import target_probs
+from ..sampling_config import SamplingConfig
 from ..testing import tiny_backbone, tiny_heads
 from . import commands, report
 

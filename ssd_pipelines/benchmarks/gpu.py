@@ -43,12 +43,13 @@ from tqdm.auto import tqdm
 
 from ..backbones.prompts import left_padded_batch
 from ..decoding import make_strategy
-from ..decoding.base import Block, DecodeRun
-from ..decoding.options import SamplingConfig
+from ..decoding.block import Block
+from ..decoding.run import DecodeRun
 from ..decoding.ssd import SSDDecoding
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
+from ..sampling_config import SamplingConfig
 from . import backbone_speed as bs
 from . import commands, report
 from .gpu_quantized import quantized_lines, quantized_section

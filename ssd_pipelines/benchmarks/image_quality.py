@@ -18,10 +18,10 @@ import torch
 
 from ..backbones.base import ImageBackbone
 from ..decoding import DecodingStrategy
-from ..decoding.options import SamplingConfig
 from ..reference.evaluator import evaluate
 from ..reference.quality import SceneClassifier, frechet_distance, image_features
 from ..reference.scenes import Scene
+from ..sampling_config import SamplingConfig
 
 
 @dataclass

@@ -27,8 +27,8 @@ import torch
 from ..backbones.base import ImageBackbone
 from ..decoding import DecodeOutput, DecodingStrategy
 from ..decoding.frontier import FrontierRun
-from ..decoding.options import SamplingConfig
 from ..decoding.ssd import SSDDecoding
+from ..sampling_config import SamplingConfig
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from ..acceptance import format_rates
 from ..decoding import make_strategy
-from ..decoding.options import SamplingConfig
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..plots import image_grid
 from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ..sampling_config import SamplingConfig
 from ..vq import encode_images
 from . import commands, plots, report
 from .image_quality import generate, judge, to_uint8

@@ -23,12 +23,12 @@ from tqdm.auto import tqdm
 
 from ..acceptance import format_rates
 from ..decoding import make_strategy
-from ..decoding.options import SamplingConfig
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..plots import image_grid, pyplot
 from ..reference.quality import load_quality_net
 from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ..sampling_config import SamplingConfig
 from . import commands, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once

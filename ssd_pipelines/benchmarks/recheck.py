@@ -26,14 +26,14 @@ from tqdm.auto import tqdm
 
 from ..backbones.base import ImageBackbone
 from ..decoding import ARDecoding, ExactDecoding
-from ..decoding.base import both_branches
-from ..decoding.options import SamplingConfig
+from ..decoding.run import both_branches
 from ..heads import DraftHeads
 from ..hub import default_model
 from ..pipeline_ssd import SSDAutoregressivePipeline
 from ..reference.captions import captions
 from ..reference.scenes import HELDOUT_SEED_START
 from ..sampling import reweighted, target_probs
+from ..sampling_config import SamplingConfig
 from ..training.distill_data import teacher_forced_hidden
 from . import commands, report
 from .drafters import parse_heads

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from ..decoding import STRATEGIES, SJDDecoding, make_strategy
-from ..decoding.options import SamplingConfig
+from ..sampling_config import SamplingConfig
 from ..testing import flat_backbone, tiny_backbone, tiny_heads, with_uniform_drafts
 
 SIDES = (8, 16, 24, 32)

@@ -27,16 +27,22 @@ from .options import DecodingOption
 
 if TYPE_CHECKING:
     from ..heads import DraftHeads
-    from .base import DecodingStrategy
+    from .strategy import DecodingStrategy
 
-_FROM_BASE = ("UNDECODED", "DecodeOutput", "DecodeStats", "DecodingStrategy", "RowCallback")
+_TYPES = {  # the types of the strategy interface, by the module that declares each
+    "UNDECODED": "output",
+    "DecodeOutput": "output",
+    "DecodeStats": "output",
+    "DecodingStrategy": "strategy",
+    "RowCallback": "strategy",
+}
 _CLASS_DECODING = {info.implementation.rpartition(".")[2]: name for name, info in DECODINGS.items()}  # ARDecoding: ar
 
 
 def strategy_class(name: str) -> type[DecodingStrategy]:
     """The strategy called `name` (its module imported now); a ValueError lists the ones there are."""
     module, _, cls = decoding_info(name).implementation.rpartition(".")
-    return getattr(importlib.import_module(f".{module}", __name__), cls)
+    return getattr(importlib.import_module(f"ssd_pipelines.{module}"), cls)
 
 
 def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> DecodingStrategy:
@@ -50,13 +56,13 @@ def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> Deco
 
 
 def __getattr__(attribute: str):
-    """The strategy classes, `STRATEGIES` (every one of them, by name) and base.py's types, imported when asked for."""
+    """The strategy classes, `STRATEGIES` (every one of them, by name) and the interface's types, imported when asked for."""
     if attribute in _CLASS_DECODING:
         value = strategy_class(_CLASS_DECODING[attribute])
     elif attribute == "STRATEGIES":
         value = {name: strategy_class(name) for name in DECODINGS}
-    elif attribute in _FROM_BASE:
-        value = getattr(importlib.import_module(".base", __name__), attribute)
+    elif attribute in _TYPES:
+        value = getattr(importlib.import_module(f".{_TYPES[attribute]}", __name__), attribute)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
     globals()[attribute] = value

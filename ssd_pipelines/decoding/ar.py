@@ -11,7 +11,9 @@ be inflated.
 from __future__ import annotations
 
 from ..sampling import NoiseTape, sample_with
-from .base import Block, DecodeRun, DecodingStrategy
+from .block import Block
+from .run import DecodeRun
+from .strategy import DecodingStrategy
 
 
 class ARDecoding(DecodingStrategy):

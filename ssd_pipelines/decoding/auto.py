@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from ..heads import DraftHeads
 from .ar import ARDecoding
-from .base import DecodeRun, DecodingStrategy
 from .exact import ExactDecoding
 from .options import EXACT_MAX_BATCH
+from .run import DecodeRun
+from .strategy import DecodingStrategy
 
 
 class AutoDecoding(DecodingStrategy):

@@ -15,8 +15,8 @@ from .options import EXACT_MAX_BATCH, VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW, Deco
 
 @dataclass(frozen=True)
 class DecodingInfo:
-    """One decoding, as callers see it; `implementation` is where its strategy class lives ("module.Class",
-    under ssd_pipelines.decoding), imported only when a strategy is made."""
+    """One decoding, as callers see it; `implementation` is where its strategy class lives ("package.module.Class"
+    under ssd_pipelines: the engine's in decoding/, the peers' in peers/), imported only when a strategy is made."""
 
     name: str
     implementation: str
@@ -27,8 +27,8 @@ class DecodingInfo:
 
     @property
     def peer(self) -> bool:
-        """A published method we compare with (`ssd-bench peers`), not one we offer: its summary says so."""
-        return self.summary.startswith("peer")
+        """A published method we compare with (`ssd-bench peers`), not one we offer: it lives in peers/."""
+        return self.implementation.startswith("peers.")
 
     def option(self, name: str) -> DecodingOption:
         """The declared option `name`; a ValueError names the ones this decoding takes."""
@@ -41,63 +41,69 @@ class DecodingInfo:
         return tuple(option.name for option in self.options)
 
 
-DECODINGS: dict[str, DecodingInfo] = {
-    info.name: info
-    for info in (
-        DecodingInfo(
-            "ar", "ar.ARDecoding", "the model's own decoder: one code per forward pass, the baseline", lossless=True
-        ),
-        DecodingInfo(
-            "ssd",
-            "ssd.SSDDecoding",
-            "lossy, fastest: the paper's SSD, verify_rounds verification rounds per row",
-            lossless=False,
-            needs_heads=True,
-            options=(VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW),
-        ),
-        DecodingInfo(
-            "exact",
-            "exact.ExactDecoding",
-            "lossless: the same distribution as ar (a different sample of it), in fewer passes",
-            lossless=True,
-            needs_heads=True,
-            options=(WINDOW,),
-        ),
-        DecodingInfo(
-            "auto",
-            "auto.AutoDecoding",
-            "lossless: exact for batches of at most exact_max_batch images, ar for larger ones",
-            lossless=True,
-            needs_heads=True,
-            options=(EXACT_MAX_BATCH, WINDOW),
-        ),
-        DecodingInfo(
-            "sjd", "sjd.SJDDecoding", "peer, lossless: speculative Jacobi decoding, training-free", lossless=True
-        ),
-        DecodingInfo(
-            "sjd-pac",
-            "sjd_pac.SJDPACDecoding",
-            "peer, lossless: speculative Jacobi decoding with a tree of continuations",
-            lossless=True,
-        ),
-        DecodingInfo(
-            "gsd", "gsd.GSDDecoding", "peer, lossy: speculative Jacobi decoding with grouped acceptance", lossless=False
-        ),
-        DecodingInfo(
-            "mtp1d",
-            "mtp1d.MTP1DDecoding",
-            "peer, lossless: 1-D multi-token drafts along the row, rolled back at the first rejection",
-            lossless=True,
-            needs_heads=True,
-        ),
-        DecodingInfo(
-            "zipar",
-            "zipar.ZipARDecoding",
-            "peer, lossy: each row starts a few cells behind the row above, unverified",
-            lossless=False,
-        ),
-    )
-}
+ENGINE: tuple[DecodingInfo, ...] = (  # the product: what users decode with
+    DecodingInfo(
+        "ar",
+        "decoding.ar.ARDecoding",
+        "the model's own decoder: one code per forward pass, the baseline",
+        lossless=True,
+    ),
+    DecodingInfo(
+        "ssd",
+        "decoding.ssd.SSDDecoding",
+        "lossy, fastest: the paper's SSD, verify_rounds verification rounds per row",
+        lossless=False,
+        needs_heads=True,
+        options=(VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW),
+    ),
+    DecodingInfo(
+        "exact",
+        "decoding.exact.ExactDecoding",
+        "lossless: the same distribution as ar (a different sample of it), in fewer passes",
+        lossless=True,
+        needs_heads=True,
+        options=(WINDOW,),
+    ),
+    DecodingInfo(
+        "auto",
+        "decoding.auto.AutoDecoding",
+        "lossless: exact for batches of at most exact_max_batch images, ar for larger ones",
+        lossless=True,
+        needs_heads=True,
+        options=(EXACT_MAX_BATCH, WINDOW),
+    ),
+)
+PEERS: tuple[DecodingInfo, ...] = (  # published methods we measure against (ssd-bench peers), not offered
+    DecodingInfo(
+        "sjd", "peers.sjd.SJDDecoding", "peer, lossless: speculative Jacobi decoding, training-free", lossless=True
+    ),
+    DecodingInfo(
+        "sjd-pac",
+        "peers.sjd_pac.SJDPACDecoding",
+        "peer, lossless: speculative Jacobi decoding with a tree of continuations",
+        lossless=True,
+    ),
+    DecodingInfo(
+        "gsd",
+        "peers.gsd.GSDDecoding",
+        "peer, lossy: speculative Jacobi decoding with grouped acceptance",
+        lossless=False,
+    ),
+    DecodingInfo(
+        "mtp1d",
+        "peers.mtp1d.MTP1DDecoding",
+        "peer, lossless: 1-D multi-token drafts along the row, rolled back at the first rejection",
+        lossless=True,
+        needs_heads=True,
+    ),
+    DecodingInfo(
+        "zipar",
+        "peers.zipar.ZipARDecoding",
+        "peer, lossy: each row starts a few cells behind the row above, unverified",
+        lossless=False,
+    ),
+)
+DECODINGS: dict[str, DecodingInfo] = {info.name: info for info in (*ENGINE, *PEERS)}
 # The default is lossless: `ssd-bench reference` (docs/reference_benchmark.md) names `exact` the one decoding that keeps
 # AR's look and adherence, and `auto` decodes a batch with it up to the CPU's crossover, past it with `ar`.
 DEFAULT_DECODING = "auto"

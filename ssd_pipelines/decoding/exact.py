@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..heads import DraftHeads
-from .base import DecodeRun, DecodingStrategy
 from .frontier import FrontierRun, check_window
+from .run import DecodeRun
+from .strategy import DecodingStrategy
 
 REPROPOSE_POWER = 1.0
 """How far an in-row drafter's predicted change moves a re-checked cell's q (frontier.py, `_repropose`). 1 is exact

@@ -49,7 +49,7 @@ import torch
 
 from ..heads import DraftHeads
 from ..sampling import NoiseTape, reweighted, sample_with, verify_with
-from .base import DecodeRun
+from .run import DecodeRun
 from .sliding import Progress, SlidingWindow, Window
 
 

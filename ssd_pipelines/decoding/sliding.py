@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import UNDECODED, CheckCounter, DecodeRun, both_branches, cells_by_position
+from .output import UNDECODED
+from .rounds import RoundCounter
+from .run import DecodeRun, both_branches, cells_by_position
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class SlidingWindow(ABC):
         full = run.backbone.state_full  # state the compiled steps write in place
         self.done = full("window.done", (batch,), 0, torch.long, device)  # [B] committed positions
         self.verifications = full("window.verifications", (batch, grid.num_cells), 0, torch.long, device)
-        self.rounds = CheckCounter(grid.sequence_length + 2, device, full)  # every pass finalises a token: 1 + S passes
+        self.rounds = RoundCounter(grid.sequence_length + 2, device, full)  # every pass finalises a token: 1 + S passes
 
     def decode(self) -> None:
         run = self.run

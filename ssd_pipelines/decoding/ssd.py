@@ -41,9 +41,12 @@ import torch
 
 from ..heads import DraftHeads
 from ..sampling import sample_with, uniform, verify_with
-from .base import Block, DecodeRun, DecodingStrategy, RoundCounter
+from .block import Block
 from .frontier import FrontierRun, check_window
 from .options import VERIFY_ROUNDS, VERTICAL_ROWS
+from .rounds import RoundCounter
+from .run import DecodeRun
+from .strategy import DecodingStrategy
 
 
 class SSDDecoding(DecodingStrategy):
@@ -115,7 +118,8 @@ class SSDDecoding(DecodingStrategy):
             return
         state, h_next = run.prefill()  # h_next: [B', d], predicts the first cell of the next block
         blocks = self.plan_blocks(run.grid)
-        rounds = RoundCounter()
+        most_rounds = max(self.max_rounds(block) for block in blocks)
+        rounds = RoundCounter(most_rounds, run.codes.device, run.backbone.state_full)
         # z of the last committed row, [h; e]: [B', C, d_h] and [B', C, d_e]
         row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.hidden_size)
         row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
@@ -229,7 +233,9 @@ class SSDDecoding(DecodingStrategy):
             codes = torch.where(active[:, None], new_codes, codes)
             final_round = torch.where(active[:, None] & ~accepted, round_index + 2, final_round)
             # The first cell is drawn from its exact target and always accepted: it is not counted as drafted.
-            rounds.add(round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum())
+            rounds.add_round(
+                round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum()
+            )
             converged |= accepted.all(dim=1)
             if bool(converged.all()):  # the round's one read of the host
                 return codes, final_round, (hidden, block_hidden)  # this pass saw the final codes: the commit

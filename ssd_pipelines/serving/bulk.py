@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..decoding.catalog import DECODINGS, DEFAULT_DECODING, check_options, decoding_options
-from ..decoding.options import SamplingConfig
+from ..sampling_config import SamplingConfig
 from ..seeds import check_seed
 from .bulk_store import BulkOutput
 

@@ -55,8 +55,9 @@ from accelerate.utils import gather_object
 
 from ..backbones.base import ImageBackbone
 from ..decoding import SSDDecoding
-from ..decoding.options import VERIFY_ROUNDS, SamplingConfig
+from ..decoding.options import VERIFY_ROUNDS
 from ..heads import VERTICAL_DRAFTERS, DraftHeads
+from ..sampling_config import SamplingConfig
 from .backbone_loading import load_image_backbone
 from .distill_data import collect, rollout_images, shard_folder
 from .head_loss import LOSSES, check_offsets, check_true_state_share, heldout_acceptance

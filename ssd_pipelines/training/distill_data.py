@@ -22,8 +22,11 @@ from tqdm.auto import tqdm
 
 from ..backbones.base import ImageBackbone, PromptBatch
 from ..decoding import ARDecoding
-from ..decoding.base import Block, DecodeOutput, DecodingStrategy, both_branches
-from ..decoding.options import SamplingConfig
+from ..decoding.block import Block
+from ..decoding.output import DecodeOutput
+from ..decoding.run import both_branches
+from ..decoding.strategy import DecodingStrategy
+from ..sampling_config import SamplingConfig
 
 
 @dataclass

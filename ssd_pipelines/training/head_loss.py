@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backbones.base import ImageBackbone
-from ..decoding.options import SamplingConfig
 from ..heads import DraftHeads
 from ..sampling import target_log_probs
+from ..sampling_config import SamplingConfig
 from .distill_data import DistillationData
 
 LOSSES = ("smooth_l1", "kl", "kl+smooth_l1", "tv")

@@ -14,8 +14,8 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from ..backbones.base import ImageBackbone
-from ..decoding.options import SamplingConfig
 from ..heads import DraftHeads
+from ..sampling_config import SamplingConfig
 from .distill_data import DistillationData
 from .head_loss import HeadLosses, batch_loss, trained_offsets
 

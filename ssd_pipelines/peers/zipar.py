@@ -31,7 +31,9 @@ import math
 import torch
 
 from ..backbones.base import ImageGrid
-from .base import UNDECODED, DecodeRun, DecodingStrategy
+from ..decoding.output import UNDECODED
+from ..decoding.run import DecodeRun
+from ..decoding.strategy import DecodingStrategy
 
 
 class ZipARDecoding(DecodingStrategy):

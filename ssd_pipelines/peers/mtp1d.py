@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.run import DecodeRun
 from ..heads import DraftHeads
-from .base import DecodeRun
 from .window import WindowDecoding, WindowRun
 
 

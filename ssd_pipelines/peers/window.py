@@ -34,9 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..decoding.output import UNDECODED
+from ..decoding.run import DecodeRun
+from ..decoding.sliding import Progress, SlidingWindow
+from ..decoding.strategy import DecodingStrategy
 from ..sampling import verify_round
-from .base import UNDECODED, DecodeRun, DecodingStrategy
-from .sliding import Progress, SlidingWindow
 
 TAILS = ("resample", "continue", "drop")
 

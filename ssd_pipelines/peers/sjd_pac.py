@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DecodeRun
+from ..decoding.run import DecodeRun
 from .candidate_tree import CandidateTree, draw_without_replacement, recursive_rejection
 from .sjd import random_codes
 from .window import Judged, WindowDecoding, WindowRun
