@@ -56,7 +56,8 @@ def make_strategy(name: str, heads: DraftHeads | None = None, **options) -> Deco
 
 
 def __getattr__(attribute: str):
-    """The strategy classes, `STRATEGIES` (every one of them, by name) and the interface's types, imported when asked for."""
+    """The strategy classes, `STRATEGIES` (every one of them, by name) and the interface's types, imported when
+    asked for."""
     if attribute in _CLASS_DECODING:
         value = strategy_class(_CLASS_DECODING[attribute])
     elif attribute == "STRATEGIES":
