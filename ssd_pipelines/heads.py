@@ -142,44 +142,6 @@ class RowDraftHead(nn.Module):
             raise ValueError("a 'row' drafter reads no codes to a cell's left: pass left_embeds=None.")
         return self.refine(context)
 
-    def teacher_forced(
-        self,
-        hidden: torch.Tensor,
-        embeds: torch.Tensor,
-        row_embeds: torch.Tensor,
-        row_states: torch.Tensor | None = None,
-        true_left: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Every cell of the row below, cell x reading row_embeds at x-1..x-L: [..., C, d] -> [..., C, d_h].
-
-        "recurrent": unrolled left to right, cell 0 reading a zero state, cell 1 row_states[..., 0, :] (the true
-        state predicting cell 0, which block ssd has), every later cell the step's own output at x - 1, or where
-        true_left [..., C] is True the true state row_states[..., x - 1, :]: on `exact`'s frontier the cell to
-        the left has often been through a pass, and the drafter then reads the backbone's state there."""
-        context = self.context(hidden, embeds)
-        if not self.left_codes:
-            return self.refine(context)
-        cols = row_embeds.shape[-2]
-        row_embeds = row_embeds.to(context.dtype)
-        shifted = []
-        for j in range(1, self.left_codes + 1):  # cell x reads the code at x - j, or start vector j where x < j
-            off = min(j, cols)
-            start = self.start[j - 1].to(context.dtype).expand(*row_embeds.shape[:-2], off, row_embeds.shape[-1])
-            shifted.append(torch.cat([start, row_embeds[..., : cols - off, :]], dim=-2))
-        left = torch.stack(shifted, dim=-2)  # [..., C, L, d_e]
-        if not self.reads_state:
-            return self.step(context, left)
-        if row_states is None:
-            raise ValueError("a 'recurrent' drafter is unrolled from the true state predicting cell 0: pass it.")
-        row_states = row_states.to(context.dtype)
-        state, drafted = torch.zeros_like(context[..., 0, :]), []
-        for x in range(cols):
-            drafted.append(self.step(context[..., x, :], left[..., x, :, :], state))
-            state = row_states[..., x, :] if x == 0 else drafted[-1]
-            if true_left is not None and 0 < x < cols - 1:
-                state = torch.where(true_left[..., x + 1, None], row_states[..., x, :], state)
-        return torch.stack(drafted, dim=-2)
-
 
 class VerticalDrafter(nn.ModuleList, ABC):
     """The proposer interface every kind of vertical drafter offers the engines, the trainer and the benchmarks.
@@ -237,13 +199,6 @@ class VerticalDrafter(nn.ModuleList, ABC):
     def start_embeds(self, left_embeds: torch.Tensor, off_row: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"start_embeds is for 'inrow' and 'recurrent' vertical drafters, not {self.kind!r}.")
 
-    @abstractmethod
-    def teacher_forced(
-        self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1
-    ) -> torch.Tensor:
-        """Training: every cell of the row `offset` below each row above at once, with the true codes (and states)
-        to their left: see `DraftHeads.draft_below_teacher_forced`."""
-
 
 class CellDrafter(VerticalDrafter):
     """The paper's: one `DraftHead` per vertical offset, each cell from the cell above alone."""
@@ -258,9 +213,6 @@ class CellDrafter(VerticalDrafter):
 
     def context_at(self, near_hidden, near_embeds):
         return self.context(near_hidden[..., 0, :], near_embeds[..., 0, :])
-
-    def teacher_forced(self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1):
-        return self[offset - 1](hidden_above, embeds_above)
 
 
 class RowDrafter(VerticalDrafter):
@@ -289,10 +241,6 @@ class RowDrafter(VerticalDrafter):
             None if left_embeds is None else left_embeds.to(dtype),
             None if left_state is None else left_state.to(dtype),
         )
-
-    def teacher_forced(self, hidden_above, embeds_above, row_embeds, row_hidden=None, true_left=None, offset=1):
-        states = row_hidden if self.reads_left_state else None
-        return self[0].teacher_forced(hidden_above, embeds_above, row_embeds, states, true_left)
 
 
 class InRowDrafter(RowDrafter):
@@ -446,30 +394,6 @@ class DraftHeads(ModelMixin, ConfigMixin):
         to its left (the drafter's own output there, or the backbone's state where it has one; zeros at x = 0)
         -> h_hat [B', d_h], in the heads' dtype. "cell" and "row": left_embeds=None."""
         return self.vertical.step(context_x, left_embeds, left_state)
-
-    def draft_below_teacher_forced(
-        self,
-        hidden_above: torch.Tensor,
-        embeds_above: torch.Tensor,
-        row_embeds: torch.Tensor,
-        row_hidden: torch.Tensor | None = None,
-        true_left: torch.Tensor | None = None,
-        offset: int = 1,
-    ) -> torch.Tensor:
-        """Training: the row `offset` rows below (1 but for per-cell heads) of every row above at once. hidden_above [..., C, d_h], embeds_above
-        [..., C, d_e], row_embeds [..., C, d_e] the embeddings of the drafted row's true codes (cell x reads
-        x-1..x-left_codes of them, start vectors off the row; only the in-row kinds read them), row_hidden
-        [..., C, d_h] the drafted row's true states (only "recurrent" reads them: column 0's, the state its cell 1
-        starts from; its later cells read the drafter's own outputs, unrolled, or the true state to their left
-        where true_left [..., C] is True) -> [..., C, d_h].
-
-        Cell x gives what `draft_step` gives with the same codes (and states) to its left. Works for every kind
-        ("cell": the offset-1 head)."""
-        dtype = self.dtype
-        out = self.vertical.teacher_forced(
-            hidden_above.to(dtype), embeds_above.to(dtype), row_embeds.to(dtype), row_hidden, true_left, offset
-        )
-        return out.to(hidden_above.dtype)
 
     def check_compatible(self, backbone) -> None:
         """Raise, naming both shapes (or devices), if these heads cannot read this backbone's states."""

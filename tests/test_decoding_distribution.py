@@ -16,6 +16,7 @@ from ssd_pipelines import ARDecoding, AutoDecoding, ExactDecoding, SamplingConfi
 from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
 from ssd_pipelines.sampling import residual, sample_with, verify_with
 from ssd_pipelines.testing import tiny_heads
+from ssd_pipelines.training.teacher_forcing import draft_below_teacher_forced
 
 SAMPLES = 30_000
 GUIDED = SamplingConfig(temperature=1.0, guidance_scale=2.0)
@@ -133,7 +134,7 @@ def test_an_inrow_q_that_is_not_the_one_drawn_from_is_caught(monkeypatch):
 
     def wrong(self, run, block, h_next, row_hidden, row_embeds, noise):
         codes, q = right(self, run, block, h_next, row_hidden, row_embeds, noise)
-        blind = self.heads.draft_below_teacher_forced(row_hidden, row_embeds, torch.zeros_like(row_embeds))
+        blind = draft_below_teacher_forced(self.heads, row_hidden, row_embeds, torch.zeros_like(row_embeds))
         return codes, torch.cat([q[:, :1], run.probs(blind.to(h_next.dtype))[:, 1:]], dim=1)
 
     monkeypatch.setattr(SSDDecoding, "_draft_below", wrong)

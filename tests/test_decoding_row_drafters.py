@@ -8,6 +8,7 @@ import torch
 import ssd_pipelines.decoding.exact as exact_module
 from ssd_pipelines import ARDecoding, DraftHeads, ExactDecoding, SamplingConfig, SSDDecoding
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_pipeline
+from ssd_pipelines.training.teacher_forcing import draft_below_teacher_forced
 
 PROMPTS = ["a red circle", "blue square"]
 
@@ -128,7 +129,7 @@ def test_block_ssd_drafts_a_row_left_to_right_from_the_codes_drawn(drafter):
     assert len(seen) == 2  # rows 1 and 2
     for run, h_next, row_hidden, row_embeds, codes, q in seen:
         state = torch.cat([h_next[:, None], torch.randn_like(row_hidden[:, 1:])], dim=1)  # only column 0 is read
-        forced = heads.draft_below_teacher_forced(row_hidden, row_embeds, run.embed_codes(codes), state)
+        forced = draft_below_teacher_forced(heads, row_hidden, row_embeds, run.embed_codes(codes), state)
         torch.testing.assert_close(q[:, 0], run.probs(h_next))
         torch.testing.assert_close(q[:, 1:], run.probs(forced[:, 1:]))
 
@@ -167,7 +168,7 @@ def test_the_frontier_drafts_from_the_row_above_and_left_to_right(monkeypatch, d
                     state = self.hidden[rows][:, cell - 1] if x > 0 else torch.zeros_like(context)
                     q = self.run.probs(heads.draft_step(context, left, state)[:, None])[:, 0]
                 else:
-                    forced = heads.draft_below_teacher_forced(hidden, embeds[:, :cols], embeds[:, cols:])
+                    forced = draft_below_teacher_forced(heads, hidden, embeds[:, :cols], embeds[:, cols:])
                     q = self.run.probs(forced[:, x])
                 torch.testing.assert_close(self.q[image, cell % self.ring], q[0], rtol=1e-4, atol=1e-5)
                 checked.append(cell)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from ssd_pipelines import DraftHeads
 from ssd_pipelines.testing import tiny_backbone, tiny_heads
+from ssd_pipelines.training.teacher_forcing import draft_below_teacher_forced
 
 
 def test_head_computes_w0z_plus_swiglu_of_rmsnorm(heads):
@@ -152,8 +153,8 @@ def test_row_drafters_save_and_load_round_trip(drafter, tmp_path):
         torch.randn(2, 7, 16),
     )
     assert torch.equal(
-        loaded.draft_below_teacher_forced(hidden, embeds, row, state),
-        heads.draft_below_teacher_forced(hidden, embeds, row, state),
+        draft_below_teacher_forced(loaded, hidden, embeds, row, state),
+        draft_below_teacher_forced(heads, hidden, embeds, row, state),
     )
 
 
@@ -168,7 +169,7 @@ def test_the_row_drafter_is_a_conv_over_the_row_above_then_swiglu():
     drafted = heads.draft_below(hidden, embeds, 1)
     assert drafted.shape == (2, 1, 6, 16)  # the shape of draft_below with per-cell heads
     torch.testing.assert_close(drafted[:, 0], expected)
-    torch.testing.assert_close(heads.draft_below_teacher_forced(hidden, embeds, torch.randn(2, 6, 12)), expected)
+    torch.testing.assert_close(draft_below_teacher_forced(heads, hidden, embeds, torch.randn(2, 6, 12)), expected)
     context = heads.row_context(hidden, embeds)
     torch.testing.assert_close(torch.stack([heads.draft_step(context[:, c]) for c in range(6)], 1), expected)
     with pytest.raises(ValueError, match="reads no codes to a cell's left: pass left_embeds=None"):
@@ -194,7 +195,7 @@ def test_inrow_teacher_forced_equals_stepwise(left_codes, cols):
     where they fall off the row): the function the loss trains is the one decoding runs."""
     heads = randomise(row_heads("inrow", left_codes=left_codes))
     hidden, embeds, row = torch.randn(3, 2, cols, 16), torch.randn(3, 2, cols, 12), torch.randn(3, 2, cols, 12)
-    forced = heads.draft_below_teacher_forced(hidden, embeds, row)  # any leading dims
+    forced = draft_below_teacher_forced(heads, hidden, embeds, row)  # any leading dims
     assert forced.shape == (3, 2, cols, 16)
     flat_h, flat_e, flat_row = hidden.flatten(0, 1), embeds.flatten(0, 1), row.flatten(0, 1)
     context = heads.row_context(flat_h, flat_e)
@@ -204,7 +205,7 @@ def test_inrow_teacher_forced_equals_stepwise(left_codes, cols):
     # the start vectors are what a cell reads off the row: cell 0 reads none of the row's codes
     other = row.clone()
     other[..., 0, :] = torch.randn(3, 2, 12)
-    changed = heads.draft_below_teacher_forced(hidden, embeds, other)
+    changed = draft_below_teacher_forced(heads, hidden, embeds, other)
     torch.testing.assert_close(changed[..., 0, :], forced[..., 0, :], rtol=0, atol=0)
     assert not torch.allclose(changed[..., 1, :], forced[..., 1, :])
 
@@ -244,7 +245,7 @@ def test_recurrent_unrolled_equals_stepwise_from_its_own_outputs():
     cols = 6
     hidden, embeds, row = torch.randn(3, cols, 16), torch.randn(3, cols, 12), torch.randn(3, cols, 12)
     states = torch.randn(3, cols, 16)
-    forced = heads.draft_below_teacher_forced(hidden, embeds, row, states)
+    forced = draft_below_teacher_forced(heads, hidden, embeds, row, states)
     context = heads.row_context(hidden, embeds)
     state = torch.zeros(3, 16)
     for x in range(cols):
@@ -252,11 +253,11 @@ def test_recurrent_unrolled_equals_stepwise_from_its_own_outputs():
         stepped = heads.draft_step(context[:, x], left, state)
         torch.testing.assert_close(forced[:, x], stepped)
         state = states[:, 0] if x == 0 else stepped
-    other = heads.draft_below_teacher_forced(hidden, embeds, row, states.roll(1, dims=0))
+    other = draft_below_teacher_forced(heads, hidden, embeds, row, states.roll(1, dims=0))
     torch.testing.assert_close(other[:, 0], forced[:, 0], rtol=0, atol=0)
     assert not torch.allclose(other[:, 1:], forced[:, 1:])
     torch.testing.assert_close(  # only column 0 of the true states is read
-        heads.draft_below_teacher_forced(hidden, embeds, row, torch.cat([states[:, :1], states[:, 1:] * 0], 1)),
+        draft_below_teacher_forced(heads, hidden, embeds, row, torch.cat([states[:, :1], states[:, 1:] * 0], 1)),
         forced,
     )
     with pytest.raises(ValueError, match="reads the state predicting the cell to its left.*pass left_state"):
@@ -273,7 +274,7 @@ def test_recurrent_unrolled_reads_the_true_state_where_true_left_says():
     hidden, embeds, row = torch.randn(2, cols, 16), torch.randn(2, cols, 12), torch.randn(2, cols, 12)
     states = torch.randn(2, cols, 16)
     true_left = torch.tensor([[False, False, True, False, True, True], [True, True, False, False, False, True]])
-    forced = heads.draft_below_teacher_forced(hidden, embeds, row, states, true_left)
+    forced = draft_below_teacher_forced(heads, hidden, embeds, row, states, true_left)
     context = heads.row_context(hidden, embeds)
     state = torch.zeros(2, 16)
     for x in range(cols):
@@ -281,7 +282,7 @@ def test_recurrent_unrolled_reads_the_true_state_where_true_left_says():
         torch.testing.assert_close(forced[:, x], stepped)
         if x + 1 < cols:
             state = states[:, 0] if x == 0 else torch.where(true_left[:, x + 1, None], states[:, x], stepped)
-    plain = heads.draft_below_teacher_forced(hidden, embeds, row, states)
-    none_true = heads.draft_below_teacher_forced(hidden, embeds, row, states, torch.zeros_like(true_left))
+    plain = draft_below_teacher_forced(heads, hidden, embeds, row, states)
+    none_true = draft_below_teacher_forced(heads, hidden, embeds, row, states, torch.zeros_like(true_left))
     torch.testing.assert_close(none_true, plain, rtol=0, atol=0)
     assert not torch.allclose(forced[:, 3:], plain[:, 3:])

@@ -28,9 +28,10 @@ from tqdm import trange
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.decoding.block import Block
 from ssd_pipelines.decoding.run import both_branches
-from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.heads import DraftHeads
+from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.training.head_loss import HeadLosses
+from ssd_pipelines.training.teacher_forcing import draft_below_teacher_forced
 
 
 def middle_layer_states(backbone, prompts: list[str], codes: torch.Tensor, layers: list[int]) -> torch.Tensor:
@@ -81,8 +82,8 @@ class Drafter(nn.Module):
         """hidden [b, 2, R, C, d], extra [b, 2, R, C, d'], embeds [b, R, C, d] -> the rows below rows 0..R-2."""
         above = hidden[:, :, :-1] if self.fuse is None else hidden[:, :, :-1] + self.fuse(extra[:, :, :-1])
         branches = lambda e: e.unsqueeze(1).expand(-1, 2, -1, -1, -1)
-        return self.heads.draft_below_teacher_forced(
-            above, branches(embeds[:, :-1]), branches(embeds[:, 1:]), hidden[:, :, 1:]
+        return draft_below_teacher_forced(
+            self.heads, above, branches(embeds[:, :-1]), branches(embeds[:, 1:]), hidden[:, :, 1:]
         )
 
 

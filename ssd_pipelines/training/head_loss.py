@@ -19,6 +19,7 @@ from ..heads import DraftHeads
 from ..sampling import target_log_probs
 from ..sampling_config import SamplingConfig
 from .distill_data import DistillationData
+from .teacher_forcing import draft_below_teacher_forced
 
 LOSSES = ("smooth_l1", "kl", "kl+smooth_l1", "tv")
 
@@ -101,8 +102,8 @@ class HeadLosses(nn.Module):
                 if self.true_state_share:  # one draw per image, row and column, shared by the guidance branches
                     b, _, r, c = hidden[target].shape[:4]
                     true_left = torch.rand(b, 1, r, c, device=hidden.device) < self.true_state_share
-                predicted = self.heads.draft_below_teacher_forced(
-                    hidden[source], embeds[source], embeds[target], hidden[target], true_left, offset=dy
+                predicted = draft_below_teacher_forced(
+                    self.heads, hidden[source], embeds[source], embeds[target], hidden[target], true_left, offset=dy
                 )
             else:
                 predicted = head(hidden[source], embeds[source])
