@@ -145,10 +145,16 @@ def test_every_row_is_reported_when_nobody_stops(grid_backbone):
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda heads: SSDDecoding(heads, verify_rounds=-1), "verify_rounds must be >= 0"),
+        (
+            lambda heads: SSDDecoding(heads, verify_rounds=-1),
+            "`verify_rounds` must be an integer >= 0 for decoding='ssd'",
+        ),
         (lambda heads: SSDDecoding(heads, vertical_rows=3), r"vertical_rows must be in 1..2"),
         (lambda heads: SSDDecoding(heads, horizontal_cells=6), r"horizontal_cells must be in 0..5"),
-        (lambda heads: SSDDecoding(heads, window=0), "window must be a positive number of positions, got 0"),
+        (
+            lambda heads: SSDDecoding(heads, window=0),
+            r"`window` must be an integer >= 1 for decoding='ssd' \(.*\), got 0",
+        ),
         (lambda heads: SSDDecoding(heads, vertical_rows=2, window=8), "pass vertical_rows=1, not 2, or window=None"),
         (lambda heads: make_strategy("medusa", heads), "unknown decoding 'medusa': choose one of ar, ssd, exact"),
         (lambda heads: make_strategy("ssd"), "pass heads=..., or use decoding='ar'"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..heads import DraftHeads
 from .ar import ARDecoding
 from .exact import ExactDecoding
-from .options import EXACT_MAX_BATCH
+from .options import EXACT_MAX_BATCH, WINDOW
 from .run import DecodeRun
 from .strategy import DecodingStrategy
 
@@ -32,6 +32,7 @@ class AutoDecoding(DecodingStrategy):
         """exact_max_batch: the largest batch (images, not guidance rows) decoded with `exact` (None: the default).
         window: `exact`'s window (see `ExactDecoding`)."""
         EXACT_MAX_BATCH.check(self.name, exact_max_batch)
+        WINDOW.check(self.name, window)
         self.exact_max_batch = EXACT_MAX_BATCH.default if exact_max_batch is None else int(exact_max_batch)
         self.exact = ExactDecoding(heads, window=window)
         self.ar = ARDecoding()

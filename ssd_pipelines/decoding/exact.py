@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..heads import DraftHeads
-from .frontier import FrontierRun, check_window
+from .frontier import FrontierRun
+from .options import WINDOW
 from .run import DecodeRun
 from .strategy import DecodingStrategy
 
@@ -22,7 +23,7 @@ class ExactDecoding(DecodingStrategy):
     def __init__(self, heads: DraftHeads, window: int | None = None, repropose: float = REPROPOSE_POWER):
         """window: positions each pass runs per image (one row, end-of-line included, when None). repropose: see
         `REPROPOSE_POWER` (0: re-check a cell against its last target, as with per-cell heads)."""
-        check_window(window)
+        WINDOW.check(self.name, window)
         self.heads = heads
         self.window = window
         self.repropose = repropose

@@ -60,12 +60,6 @@ def committed_positions(changed: torch.Tensor) -> torch.Tensor:
     return torch.where(changed, torch.arange(last + 1, device=changed.device), last).amin(dim=1)
 
 
-def check_window(window: int | None) -> None:
-    """A window is None (one row) or a positive number of image positions."""
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive number of positions, got {window!r}.")
-
-
 def scatter_where(target: torch.Tensor, index: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
     """target[b, index[b, i]] = values[b, i] where `where`, else what it holds; trailing dims follow. Indices of one
     row must be distinct, except where `where` is False and the target is not written elsewhere."""

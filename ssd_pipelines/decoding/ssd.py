@@ -42,8 +42,8 @@ import torch
 from ..heads import DraftHeads
 from ..sampling import sample_with, uniform, verify_with
 from .block import Block
-from .frontier import FrontierRun, check_window
-from .options import VERIFY_ROUNDS, VERTICAL_ROWS
+from .frontier import FrontierRun
+from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
 from .rounds import RoundCounter
 from .run import DecodeRun
 from .strategy import DecodingStrategy
@@ -65,8 +65,8 @@ class SSDDecoding(DecodingStrategy):
         """verify_rounds: the most verification rounds a block gets (None: no cap, which is `exact`).
         window: pipeline the rows on `exact`'s sliding window of this many positions, each cell verified at
         most verify_rounds times (see `FrontierRun`); None decodes the paper's blocks."""
-        if verify_rounds is not None and verify_rounds < 0:
-            raise ValueError(f"verify_rounds must be >= 0 (0 commits drafts unverified), got {verify_rounds}.")
+        for option, value in ((VERIFY_ROUNDS, verify_rounds), (VERTICAL_ROWS, vertical_rows), (WINDOW, window)):
+            option.check(self.name, value)  # the declaration's own check, as the pipeline's and every face's
         if not 1 <= vertical_rows <= heads.max_vertical:
             one_row = (
                 f" These heads' {heads.drafter!r} vertical drafter drafts one row from the committed row above: pass "
@@ -76,7 +76,6 @@ class SSDDecoding(DecodingStrategy):
                 f"vertical_rows must be in 1..{heads.max_vertical} (the heads' vertical offsets), got {vertical_rows}."
                 + (one_row if heads.max_vertical == 1 else "")
             )
-        check_window(window)
         if window is not None and vertical_rows != 1:
             raise ValueError(
                 f"a window drafts each cell from the one above it: pass vertical_rows=1, not {vertical_rows}, "
