@@ -1,12 +1,12 @@
-"""The GPU check script (ssd_pipelines/benchmarks/backbone_speed.py), run at a tiny size on CPU."""
+"""The GPU check script (ssd_bench/backbone_speed.py), run at a tiny size on CPU."""
 
 import json
 
 import pytest
 import torch
 
-from ssd_pipelines.benchmarks import backbone_speed
-from ssd_pipelines.benchmarks.backbone_speed import build, janus_pro_config, main, measure, project
+from ssd_bench import backbone_speed
+from ssd_bench.backbone_speed import build, janus_pro_config, main, measure, project
 
 
 def test_the_7b_shape_is_janus_pros_generation_path():

@@ -3,10 +3,10 @@
 import pytest
 from PIL import Image
 
-from ssd_pipelines.benchmarks.drafters import DECODINGS, main, parse_heads
-from ssd_pipelines.benchmarks.measure_run import drafting_clock
+from ssd_bench.drafters import DECODINGS, main, parse_heads
 from ssd_pipelines.decoding.ssd import SSDDecoding
 from ssd_pipelines.testing import tiny_pipeline
+from ssd_pipelines.testing.engine_probes import drafting_clock
 
 
 def test_drafters_benchmark_writes_one_row_per_heads_and_decoding(tmp_path, capsys):

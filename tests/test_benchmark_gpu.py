@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 
-from ssd_pipelines.benchmarks import gpu
-from ssd_pipelines.benchmarks import main as ssd_bench
+from ssd_bench import gpu, gpu_report
+from ssd_bench import main as run_bench
 from ssd_pipelines.heads import VERTICAL_DRAFTERS
 
 
@@ -121,7 +121,7 @@ def test_the_quantized_7b_shape_is_asked_for_and_measured_in_each_precision(tiny
 
 
 def test_a_quantized_precision_this_machine_cannot_run_is_refused_with_its_reason(monkeypatch):
-    from ssd_pipelines.benchmarks import gpu_quantized
+    from ssd_bench import gpu_quantized
 
     def refuse(precision, device_type):
         raise ValueError("no torchao")
@@ -129,11 +129,11 @@ def test_a_quantized_precision_this_machine_cannot_run_is_refused_with_its_reaso
     monkeypatch.setattr(gpu_quantized, "check_precision", refuse)
     row = gpu_quantized.measure_precision("int8", torch.device("cpu"), tiny=True, prompt_tokens=8, repeats=1)
     assert row == {"precision": "int8", "status": "refused", "reason": "no torchao"}
-    assert "| int8 | **refused**: no torchao |" in "\n".join(gpu_quantized.quantized_lines({"rows": [row]}))
+    assert "| int8 | **refused**: no torchao |" in "\n".join(gpu_report.quantized_lines({"rows": [row]}))
 
 
 def test_targets_are_judged_on_a_gpu_only():
-    at_most, below = gpu.Target("t", 1.0, "{:.1f}"), gpu.Target("t", 1.0, "{:.1f}", strictly=True)
+    at_most, below = gpu_report.Target("t", 1.0, "{:.1f}"), gpu_report.Target("t", 1.0, "{:.1f}", strictly=True)
     assert [at_most.row(1.0, True)["met"], below.row(1.0, True)["met"], below.row(0.9, True)["met"]] == [
         True,
         False,
@@ -142,11 +142,11 @@ def test_targets_are_judged_on_a_gpu_only():
     assert at_most.row(2.0, False)["met"] == "n/a (CPU)" and at_most.row(None, True)["met"] is None
 
 
-def test_a_sync_is_placed_at_the_innermost_frame_of_the_package_outside_its_benchmarks():
+def test_a_sync_is_placed_at_the_innermost_frame_of_the_package_outside_its_testing_surface():
     stack = [
-        traceback.FrameSummary(str(gpu.PACKAGE / "benchmarks" / "gpu.py"), 1, "decode"),
+        traceback.FrameSummary(gpu.__file__, 1, "decode"),  # ssd_bench, beside the package
         traceback.FrameSummary(str(gpu.PACKAGE / "decoding" / "frontier.py"), 7, "_advance"),
-        traceback.FrameSummary(str(gpu.PACKAGE / "benchmarks" / "host_syncs.py"), 3, "counted"),
+        traceback.FrameSummary(str(gpu.PACKAGE / "testing" / "host_syncs.py"), 3, "counted"),
         traceback.FrameSummary("/site-packages/torch/_tensor.py", 9, "__bool__"),
     ]
     assert gpu.sync_site(stack, "message") == "ssd_pipelines/decoding/frontier.py:7"
@@ -166,10 +166,10 @@ def test_warning_sites_keep_the_matching_warnings_and_let_others_through():
 
 def test_ssd_bench_lists_gpu():
     with pytest.raises(SystemExit, match=r"\n  gpu "):
-        ssd_bench([])
+        run_bench([])
 
 
 def test_the_sections_declared_for_the_command_line_are_the_ones_it_runs():
-    from ssd_pipelines.benchmarks.commands import GPU_SECTIONS
+    from ssd_bench.commands import GPU_SECTIONS
 
     assert "".join(gpu.SHARES) == GPU_SECTIONS == "".join(gpu.MEASURES)

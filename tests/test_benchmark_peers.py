@@ -1,7 +1,7 @@
 """`ssd-bench peers` runs end to end and says where each strategy stops beating AR (a tiny random pipeline:
 the numbers mean nothing here)."""
 
-from ssd_pipelines.benchmarks.peers import STRATEGIES, crossover, main
+from ssd_bench.peers import STRATEGIES, crossover, main
 from ssd_pipelines.testing import tiny_pipeline
 
 

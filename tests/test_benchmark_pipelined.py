@@ -1,6 +1,6 @@
 """`ssd-bench pipelined` runs end to end (a tiny random pipeline: the numbers mean nothing here)."""
 
-from ssd_pipelines.benchmarks.pipelined import BLOCK_ROUNDS, PIPELINED_ROUNDS, main
+from ssd_bench.pipelined import BLOCK_ROUNDS, PIPELINED_ROUNDS, main
 from ssd_pipelines.testing import tiny_pipeline
 
 

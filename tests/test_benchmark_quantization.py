@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ssd_pipelines.benchmarks import quantization
+from ssd_bench import quantization, quantization_report
 from ssd_pipelines.hub import default_model
 
 MODELS = ["reference", "Janus-Pro (tiny)", "Emu3 (tiny)", "Lumina-mGPT (tiny)"]
@@ -57,7 +57,7 @@ def test_every_row_that_ran_is_lossless_in_no_more_passes_than_ar(tiny_run):
         assert ar["passes"] == r["grid"][0] * r["grid"][1], (model, precision)  # one pass a code
         assert 0 < exact["passes"] <= ar["passes"], (model, precision)
         # half precision rounds a one-token pass and a wide one differently (docs/decoding.md, "In floating point")
-        assert r["greedy_exact_equals_ar"] or quantization.half_precision(precision, "cpu"), (model, precision)
+        assert r["greedy_exact_equals_ar"] or quantization_report.half_precision(precision, "cpu"), (model, precision)
         assert ar["seconds_per_image"] > 0 and exact["seconds_per_image"] > 0
     for precision in ("float32", "int8"):
         reference = ran["reference", precision]["decodings"]
@@ -75,7 +75,7 @@ def test_a_precision_that_cannot_run_says_why(monkeypatch):
         "dtype int8 quantizes the backbone with torchao, which is not installed: pip install 'torchao>=0.18' (or "
         "'ssd-pipelines[quantization]'), or choose float32, float16, bfloat16"
     )
-    assert quantization.row_line(row, None).startswith(f"| reference | int8 | **refused**: {row['reason']} |")
+    assert quantization_report.row_line(row, None).startswith(f"| reference | int8 | **refused**: {row['reason']} |")
 
 
 def test_each_published_checkpoint_is_projected_in_each_precision(tiny_run):

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
+from ssd_bench.recheck import acceptance, main, recheck_cells
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.benchmarks.recheck import acceptance, main, recheck_cells
 from ssd_pipelines.sampling import reweighted, target_probs
 from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.testing import tiny_backbone, tiny_heads, tiny_vqvae

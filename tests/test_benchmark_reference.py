@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssd_pipelines.benchmarks import main as ssd_bench
-from ssd_pipelines.benchmarks.reference import (
+from ssd_bench import main as run_bench
+from ssd_bench.reference import (
     DECODINGS,
     choose_default,
     main,
@@ -48,7 +48,7 @@ def test_ssd_bench_names_its_benchmarks():
         SystemExit,
         match="usage: ssd-bench {exactness,reference,sweep,peers,window,pipelined,drafters,recheck,serve,gpu,quantization}",
     ):
-        ssd_bench(["nonsense"])
+        run_bench(["nonsense"])
 
 
 def test_paired_difference_is_the_difference_of_task_averaged_adherence():

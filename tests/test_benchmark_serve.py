@@ -1,4 +1,4 @@
-"""`ssd-bench serve` (benchmarks/serve.py): its percentiles, table and targets on synthetic timings, its figure, and
+"""`ssd-bench serve` (ssd_bench/serve.py): its percentiles, table and targets on synthetic timings, its figure, and
 one tiny real run on the session's local Ray (a tiny pipeline, one load level, two requests)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ssd_pipelines.benchmarks import BENCHMARKS
-from ssd_pipelines.benchmarks import serve as bench
+from ssd_bench import BENCHMARKS
+from ssd_bench import serve as bench
 from ssd_pipelines.testing import tiny_pipeline
 
 

@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from ssd_pipelines.benchmarks.commands import sweep_setting
-from ssd_pipelines.benchmarks.sweep import main
+from ssd_bench.commands import sweep_setting
+from ssd_bench.sweep import main
 from ssd_pipelines.testing import tiny_pipeline
 
 

@@ -1,6 +1,6 @@
 """Heads against the drafts' targets: which lossy decoding is judged, each value, and whether it is met."""
 
-from ssd_pipelines.benchmarks.targets import lossy_default, targets_table
+from ssd_bench.targets import lossy_default, targets_table
 
 AR = {"heads": "-", "decoding": "ar", "passes": 256, "seconds": 2.0, "frechet": 50.0, "acceptance": [], "drafting": 0}
 

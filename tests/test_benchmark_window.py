@@ -2,7 +2,7 @@
 
 import pytest
 
-from ssd_pipelines.benchmarks.window import main
+from ssd_bench.window import main
 from ssd_pipelines.testing import tiny_pipeline
 
 

@@ -54,23 +54,23 @@ def parse_in_a_fresh_interpreter(module: str, function: str, argv: list[str]) ->
         ("ssd_pipelines.cli", "parse_args", ["a", "--out", "x.png", "--seed", "-1"], 2, "--seed must be"),
         ("ssd_pipelines.serving.cli", "parse_args", ["--help"], 0, "usage: ssd-serve"),
         ("ssd_pipelines.serving.cli", "parse_args", ["--replicas", "0"], 2, "--replicas must be >= 1"),
-        ("ssd_pipelines.benchmarks", "main", [], 1, "usage: ssd-bench"),
-        ("ssd_pipelines.benchmarks", "main", ["no-such-benchmark"], 1, "usage: ssd-bench"),
-        ("ssd_pipelines.benchmarks", "main", ["exactness", "--help"], 0, "grids drawn per strategy"),
-        ("ssd_pipelines.benchmarks", "main", ["reference", "--help"], 0, "images scored per prompt (GenEval: 4)"),
-        ("ssd_pipelines.benchmarks", "main", ["sweep", "--help"], 0, "key=value[,key=value] of guidance"),
-        ("ssd_pipelines.benchmarks", "main", ["peers", "--help"], 0, "grid sides of the scaling run"),
-        ("ssd_pipelines.benchmarks", "main", ["window", "--help"], 0, "default: 4 to 8 rows"),
-        ("ssd_pipelines.benchmarks", "main", ["pipelined", "--help"], 0, "single-image timed calls per decoding"),
-        ("ssd_pipelines.benchmarks", "main", ["drafters", "--help"], 0, "LABEL=FOLDER of heads; repeat to compare"),
-        ("ssd_pipelines.benchmarks", "main", ["recheck", "--help"], 0, "usage: ssd-bench recheck"),
-        ("ssd_pipelines.benchmarks", "main", ["serve", "--help"], 0, "Serving under load"),
-        ("ssd_pipelines.benchmarks", "main", ["gpu", "--help"], 0, "folder of gpu.md and gpu.json"),
-        ("ssd_pipelines.benchmarks", "main", ["quantization", "--help"], 0, "the table; .json and .png beside it"),
-        ("ssd_pipelines.benchmarks", "main", ["reference", "--no-such-flag"], 2, "unrecognized arguments"),
-        ("ssd_pipelines.benchmarks", "main", ["gpu", "--sections", "AZ"], 2, "letters of ABCEQ, each once, got 'AZ'"),
-        ("ssd_pipelines.benchmarks", "main", ["sweep", "--setting", "guidence=5"], 2, "bad setting 'guidence=5'"),
-        ("ssd_pipelines.benchmarks", "main", ["drafters"], 2, "the following arguments are required: --heads"),
+        ("ssd_bench", "main", [], 1, "usage: ssd-bench"),
+        ("ssd_bench", "main", ["no-such-benchmark"], 1, "usage: ssd-bench"),
+        ("ssd_bench", "main", ["exactness", "--help"], 0, "grids drawn per strategy"),
+        ("ssd_bench", "main", ["reference", "--help"], 0, "images scored per prompt (GenEval: 4)"),
+        ("ssd_bench", "main", ["sweep", "--help"], 0, "key=value[,key=value] of guidance"),
+        ("ssd_bench", "main", ["peers", "--help"], 0, "grid sides of the scaling run"),
+        ("ssd_bench", "main", ["window", "--help"], 0, "default: 4 to 8 rows"),
+        ("ssd_bench", "main", ["pipelined", "--help"], 0, "single-image timed calls per decoding"),
+        ("ssd_bench", "main", ["drafters", "--help"], 0, "LABEL=FOLDER of heads; repeat to compare"),
+        ("ssd_bench", "main", ["recheck", "--help"], 0, "usage: ssd-bench recheck"),
+        ("ssd_bench", "main", ["serve", "--help"], 0, "Serving under load"),
+        ("ssd_bench", "main", ["gpu", "--help"], 0, "folder of gpu.md and gpu.json"),
+        ("ssd_bench", "main", ["quantization", "--help"], 0, "the table; .json and .png beside it"),
+        ("ssd_bench", "main", ["reference", "--no-such-flag"], 2, "unrecognized arguments"),
+        ("ssd_bench", "main", ["gpu", "--sections", "AZ"], 2, "letters of ABCEQ, each once, got 'AZ'"),
+        ("ssd_bench", "main", ["sweep", "--setting", "guidence=5"], 2, "bad setting 'guidence=5'"),
+        ("ssd_bench", "main", ["drafters"], 2, "the following arguments are required: --heads"),
         ("ssd_pipelines.serving.bulk", "parse_args", ["--help"], 0, "usage: python -m ssd_pipelines.serving.bulk"),
         ("app.cli", "parse_args", ["--help"], 0, "usage: ssd-demo"),
     ],
@@ -108,7 +108,7 @@ def test_the_strategies_take_their_declarations_from_the_catalog():
 
 
 def test_the_benchmark_options_declare_every_benchmark_and_its_modules_defaults():
-    from ssd_pipelines.benchmarks import BENCHMARKS, commands, scaling
+    from ssd_bench import BENCHMARKS, commands, scaling
 
     assert list(commands.PARSERS) == list(BENCHMARKS)
     assert commands.peers_parser().get_default("sides") == list(scaling.SIDES)

@@ -13,8 +13,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ssd_pipelines import ExactDecoding, SamplingConfig
 from ssd_pipelines.backbones.causal_lm import STATIC_PROMPT_MULTIPLE
-from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.testing import tiny_heads, tiny_pipeline
+from ssd_pipelines.testing.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 
 CALLS = [("ar", {}), ("exact", {}), ("ssd", {"verify_rounds": 2}), ("ssd", {"verify_rounds": 2, "window": 5})]
 

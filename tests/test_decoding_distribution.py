@@ -13,9 +13,9 @@ import torch
 import ssd_pipelines.decoding.frontier as frontier_module
 import ssd_pipelines.decoding.ssd as ssd_module
 from ssd_pipelines import ARDecoding, AutoDecoding, ExactDecoding, SamplingConfig, SSDDecoding
-from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
 from ssd_pipelines.sampling import residual, sample_with, verify_with
 from ssd_pipelines.testing import tiny_heads
+from ssd_pipelines.testing.exactness import TOY_PROMPT, g_test, grid_index, grid_probabilities, measure, toy_setup
 from ssd_pipelines.training.teacher_forcing import draft_below_teacher_forced
 
 SAMPLES = 30_000

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from tiny_backbones import tiny_emu3, tiny_janus
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.benchmarks.host_syncs import count_host_syncs
 from ssd_pipelines.finite_weights import check_finite
+from ssd_pipelines.testing.host_syncs import count_host_syncs
 
 REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 DAMAGED = (

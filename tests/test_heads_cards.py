@@ -11,9 +11,9 @@ from transformers import (
     JanusForConditionalGeneration,
 )
 
+from ssd_bench.backbone_speed import emu3_gen_config, janus_pro_config, lumina_mgpt_config
 from ssd_pipelines import SSDAutoregressivePipeline
 from ssd_pipelines.backbones import Emu3Backbone, JanusProBackbone, LuminaMGPTBackbone
-from ssd_pipelines.benchmarks.backbone_speed import emu3_gen_config, janus_pro_config, lumina_mgpt_config
 from ssd_pipelines.publishing.heads_cards import REPOSITORIES, main
 
 CARDS = Path(__file__).parent.parent / "hub_cards"

@@ -11,9 +11,9 @@ import torch
 from transformers.utils.generic import to_py_obj
 
 from ssd_pipelines import ARDecoding, ExactDecoding, SamplingConfig, SSDAutoregressivePipeline, SSDDecoding
-from ssd_pipelines.benchmarks.host_syncs import count_host_syncs
 from ssd_pipelines.hub import BUNDLED_MODEL
 from ssd_pipelines.testing import tiny_heads
+from ssd_pipelines.testing.host_syncs import count_host_syncs
 
 HERE = ("tests",)  # count this file's own calls
 x = torch.arange(12.0).view(3, 4)

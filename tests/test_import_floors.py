@@ -8,7 +8,7 @@ The floors, from the ground up (README, "Layout"):
 3. the peers, measured against the engine and built on its sliding window;
 4. assembly: the pipeline, the loaders, the request object, the package's root;
 5. faces: the command lines, the server, the demo, the ComfyUI nodes;
-6. work done with the faces' parts: training, benchmarks, publishing.
+6. work done with the faces' parts: training, publishing, and the measurements beside the package (ssd_bench).
 
 Imports inside functions count, and so do imports under `if TYPE_CHECKING:`: to read an annotation is to read
 the module it names (hub.py once named the pipeline so, while the pipeline called into hub.py and hub.py back).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ssd_pipelines", "app", "comfy_nodes")
+PACKAGES = ("ssd_pipelines", "ssd_bench", "app", "comfy_nodes")
 
 FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest matching prefix
     (
@@ -65,7 +65,7 @@ FLOORS = [  # (floor, module prefixes); a module takes the floor of its longest 
         ),
     ),
     (5, ("ssd_pipelines.cli", "ssd_pipelines.serving", "app", "comfy_nodes")),
-    (6, ("ssd_pipelines.training", "ssd_pipelines.benchmarks", "ssd_pipelines.publishing")),
+    (6, ("ssd_pipelines.training", "ssd_bench", "ssd_pipelines.publishing")),
 ]
 
 
@@ -126,3 +126,30 @@ def test_no_two_files_import_each_other():
     # a package's __init__ gathers its submodules, which may read their siblings through it: not a loop of files
     mutual = [(a, b) for a, b in mutual if not (b.startswith(a + ".") and (ROOT / a.replace(".", "/")).is_dir())]
     assert mutual == []
+
+
+# The engine's per-call parts, which ssd_bench reaches only through ssd_pipelines.testing (engine_probes).
+ENGINE_INSIDES = ("ssd_pipelines.decoding.", "ssd_pipelines.peers.")
+
+
+def test_the_measurements_read_the_engine_only_through_its_public_api_and_the_testing_surface():
+    reached = sorted(
+        f"{module} imports {name}"
+        for module, names in GRAPH.items()
+        if module.startswith("ssd_bench")
+        for name in names
+        if name.startswith(ENGINE_INSIDES)
+    )
+    private = sorted(
+        f"{path.name}:{node.lineno} .{node.attr}"
+        for module, path in sources().items()
+        if module.startswith("ssd_bench")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "torch", "sys"))
+        and not (isinstance(node.value, ast.Attribute) and node.value.attr == "_dynamo")
+    )
+    assert reached == [], "reach these through ssd_pipelines.testing.engine_probes"
+    assert private == [], "a private name of the library: add what the measurement needs to ssd_pipelines.testing"

@@ -12,7 +12,6 @@ import torch
 
 import ssd_pipelines.peers.candidate_tree as tree_module
 from ssd_pipelines import ARDecoding, SamplingConfig
-from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import (
     ExactDecoding,
     GSDDecoding,
@@ -23,6 +22,7 @@ from ssd_pipelines.decoding import (
     ZipARDecoding,
 )
 from ssd_pipelines.testing import flat_backbone, tiny_backbone, tiny_heads, with_uniform_drafts
+from ssd_pipelines.testing.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 
 SAMPLES = 30_000
 GUIDED = SamplingConfig(temperature=1.0, guidance_scale=2.0)

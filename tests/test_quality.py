@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from ssd_bench.image_quality import code_histogram_distance, to_uint8
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.benchmarks.image_quality import code_histogram_distance, to_uint8
 from ssd_pipelines.decoding import ARDecoding, SSDDecoding
 from ssd_pipelines.hub import BUNDLED_MODEL
 from ssd_pipelines.reference.quality import WEIGHTS, frechet_distance, image_features, load_quality_net

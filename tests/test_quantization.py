@@ -14,11 +14,11 @@ from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
 from transformers import TorchAoConfig
 
 from ssd_pipelines import SSDAutoregressivePipeline
-from ssd_pipelines.benchmarks.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 from ssd_pipelines.decoding import ExactDecoding
 from ssd_pipelines.quantization import precision_options
 from ssd_pipelines.sampling_config import SamplingConfig
 from ssd_pipelines.testing import tiny_pipeline
+from ssd_pipelines.testing.exactness import TOY_PROMPT, grid_probabilities, measure, toy_setup
 
 REFERENCE = Path(__file__).resolve().parents[1] / "hub_cards" / "ssd-reference"
 INT8_WEIGHTS = Int8WeightOnlyConfig(set_inductor_config=False)  # torchao would retune inductor for later tests

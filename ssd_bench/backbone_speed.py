@@ -14,8 +14,8 @@ after warm-up, as medians over repeats:
 The projection charges every SSD pass a full row pass, an upper bound (first-row blocks are shorter):
     AR  = prefill + 576 x ar_step          SSD = prefill + N x (row_pass + heads),  N = 57 (r = 1) or 80
 
-    python -m ssd_pipelines.benchmarks.backbone_speed --out gpu_check.json        # on a GPU, < 8 minutes
-    python -m ssd_pipelines.benchmarks.backbone_speed --tiny                      # the same code on CPU, seconds
+    python -m ssd_bench.backbone_speed --out gpu_check.json        # on a GPU, < 8 minutes
+    python -m ssd_bench.backbone_speed --tiny                      # the same code on CPU, seconds
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from pathlib import Path
 import torch
 from transformers import ChameleonConfig, Emu3Config, JanusConfig, JanusForConditionalGeneration, LlamaConfig
 
-from ..backbones import JanusProBackbone
-from ..backbones.prompts import left_padded_batch
-from ..decoding.block import Block
-from ..decoding.run import both_branches
-from ..heads import DraftHeads
-from ..tiny_published import image_token_name
+from ssd_pipelines.backbones import JanusProBackbone
+from ssd_pipelines.backbones.prompts import left_padded_batch
+from ssd_pipelines.heads import DraftHeads
+from ssd_pipelines.testing.engine_probes import grid_embeds
+from ssd_pipelines.tiny_published import image_token_name
 
 PROMPT_TOKENS = 32  # the Janus-Pro batch's random prompt
 PAPER_SSD_PASSES = (57, 80)  # the paper's passes per 24 x 24 image with SSD (r = 1 and its other setting)
@@ -132,12 +131,11 @@ def measure(backbone: JanusProBackbone, heads: DraftHeads, images: int, prompt_t
     state, _ = backbone.prefill(batch)
     half = grid.num_cells // 2  # the cache holds the prompt and half the image, as mid-way through an image
     codes = torch.randint(0, grid.codebook_size, (images, grid.num_cells), generator=generator, device=device)
-    backbone.extend(state, Block(grid, 0, half).embed(backbone, both_branches(codes[:, :half], True)))
+    backbone.extend(state, grid_embeds(backbone, codes[:, :half], 0, half, guidance=True))
     start = state.length
 
     def pass_over(first: int, end: int) -> Callable[[], None]:
-        block = Block(grid, first, end)
-        embeds = block.embed(backbone, both_branches(codes[:, first:end], True))
+        embeds = grid_embeds(backbone, codes[:, first:end], first, end, guidance=True)
 
         def step() -> None:
             hidden = backbone.extend(state, embeds)
@@ -149,9 +147,14 @@ def measure(backbone: JanusProBackbone, heads: DraftHeads, images: int, prompt_t
     seconds["ar_step"] = median_seconds(pass_over(half, half + 1), device, repeats)
     seconds["row_pass"] = median_seconds(pass_over(half, half + grid.cols), device, repeats)
     row_hidden = torch.randn(rows, grid.cols, backbone.hidden_size, device=device, dtype=backbone.dtype)
-    row_embeds = backbone.embed_codes(both_branches(codes[:, : grid.cols], True))
+    row_embeds = backbone.embed_codes(codes[:, : grid.cols].repeat(2, 1))  # both guidance branches
     seconds["heads"] = median_seconds(lambda: heads.draft_below(row_hidden, row_embeds, 1), device, repeats)
     return seconds
+
+
+def paper_passes(grid: list[int]) -> tuple[int, int]:
+    """The paper's SSD passes per 24 x 24 image (r=1, r=2); a tiny grid has none, so two that exercise the code."""
+    return PAPER_SSD_PASSES if grid == [24, 24] else (grid[0] + 2, 2 * grid[0])
 
 
 def project(seconds: dict, ar_passes: int, ssd_passes: tuple[int, ...]) -> dict:
@@ -188,8 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batches": {},
     }
     ar_passes = grid.num_cells
-    # The tiny grid has no published pass counts: any two exercise the code.
-    ssd_passes = PAPER_SSD_PASSES if grid.num_cells == 576 else (grid.rows + 2, 2 * grid.rows)
+    ssd_passes = paper_passes([grid.rows, grid.cols])
     for images in args.images:
         seconds = measure(backbone, heads, images, args.prompt_tokens, args.repeats)
         projected = project(seconds, ar_passes, ssd_passes)

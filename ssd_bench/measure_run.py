@@ -16,19 +16,16 @@ from __future__ import annotations
 import ctypes
 import re
 import statistics
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import torch
 
-from ..backbones.base import ImageBackbone
-from ..decoding import DecodeOutput, DecodingStrategy
-from ..decoding.frontier import FrontierRun
-from ..decoding.ssd import SSDDecoding
-from ..sampling_config import SamplingConfig
+from ssd_pipelines.backbones.base import ImageBackbone
+from ssd_pipelines.decoding import DecodeOutput, DecodingStrategy
+from ssd_pipelines.sampling_config import SamplingConfig
+from ssd_pipelines.testing.engine_probes import drafting_clock
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -127,42 +124,6 @@ def run_once(
     with PeakMemory(backbone.device) as memory:
         out = strategy.decode(counting, batch, sampling, generator=torch.Generator().manual_seed(seed))
     return CallCost(batch.batch_size, out.stats.seconds, out.stats.forward_passes, counting.tokens, memory.bytes, out)
-
-
-# the strategies' drafting steps; `exact`'s re-proposals call the drafter too
-DRAFTING_METHODS = (
-    (SSDDecoding, "_draft_below"),
-    (SSDDecoding, "_draft_right"),
-    (FrontierRun, "_draft"),
-    (FrontierRun, "_repropose"),
-)
-
-
-@contextmanager
-def drafting_clock():
-    """Seconds spent in the strategies' drafting steps (heads, their output head, sampling), while it is open.
-
-    A benchmark's instrument: it wraps the drafting methods of the classes, and restores them on exit."""
-    spent = [0.0]
-    originals = [(cls, name, getattr(cls, name)) for cls, name in DRAFTING_METHODS]
-
-    def timed(method):
-        def run(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - started
-
-        return run
-
-    for cls, name, method in originals:
-        setattr(cls, name, timed(method))
-    try:
-        yield spent
-    finally:
-        for cls, name, method in originals:
-            setattr(cls, name, method)
 
 
 def one_image_call(pipe, prompt: str, guidance: float, seed: int, options: dict) -> dict:

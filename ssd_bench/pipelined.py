@@ -21,14 +21,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..acceptance import format_rates
-from ..decoding import make_strategy
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..plots import image_grid, pyplot
-from ..reference.quality import load_quality_net
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..sampling_config import SamplingConfig
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.decoding import make_strategy
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.plots import image_grid, pyplot
+from ssd_pipelines.reference.quality import load_quality_net
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.sampling_config import SamplingConfig
+
 from . import commands, plots, report
 from .image_quality import generate, judge
 from .measure_run import run_once

@@ -1,9 +1,11 @@
-"""Tiny seeded random components: a Llama grid backbone, its word-level tokenizer, drafting heads.
+"""The testing surface: what the tests and `ssd_bench` build on, named apart from the product.
 
-For tests and for the enumerable-grid exactness benchmark, where weights need
-not be trained. Random weights are drawn at a large scale so that the
-backbone's conditionals are peaked and depend on context: a verifier with wrong
-maths then produces a visibly wrong distribution.
+Here, tiny seeded random components: a Llama grid backbone, its word-level tokenizer, drafting heads, a VQ decoder
+and a pipeline of them. Random weights are drawn at a large scale so that the backbone's conditionals are peaked and
+depend on context: a verifier with wrong maths then produces a visibly wrong distribution. Beside them:
+`exactness` (an enumerable grid's exact AR distribution and the tests against it), `host_syncs` (a counter of what
+would block a GPU's host) and `engine_probes` (the one file outside decoding/ that names the engine's private
+steps, to time them).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from diffusers import VQModel
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from .backbones import GridTokens, LlamaGridBackbone
-from .heads import DraftHeads
-from .peers.sjd import random_codes
-from .pipeline_ssd import SSDAutoregressivePipeline
+from ..backbones import GridTokens, LlamaGridBackbone
+from ..heads import DraftHeads
+from ..peers.sjd import random_codes
+from ..pipeline_ssd import SSDAutoregressivePipeline
 
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 WORDS = ["a", "red", "blue", "green", "circle", "square", "left", "of", "the"]

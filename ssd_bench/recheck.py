@@ -24,17 +24,18 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..backbones.base import ImageBackbone
-from ..decoding import ARDecoding, ExactDecoding
-from ..decoding.run import both_branches
-from ..heads import DraftHeads
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.captions import captions
-from ..reference.scenes import HELDOUT_SEED_START
-from ..sampling import reweighted, target_probs
-from ..sampling_config import SamplingConfig
-from ..training.distill_data import teacher_forced_hidden
+from ssd_pipelines.backbones.base import ImageBackbone
+from ssd_pipelines.decoding import ARDecoding, ExactDecoding
+from ssd_pipelines.heads import DraftHeads
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.reference.captions import captions
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START
+from ssd_pipelines.sampling import reweighted, target_probs
+from ssd_pipelines.sampling_config import SamplingConfig
+from ssd_pipelines.testing.engine_probes import both_branches
+from ssd_pipelines.training.distill_data import teacher_forced_hidden
+
 from . import commands, report
 from .drafters import parse_heads
 

@@ -29,15 +29,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..acceptance import format_rates
-from ..decoding import make_strategy
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..plots import image_grid
-from ..reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
-from ..sampling_config import SamplingConfig
-from ..vq import encode_images
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.decoding import make_strategy
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.plots import image_grid
+from ssd_pipelines.reference.quality import frechet_distance, heldout_features, image_features, load_quality_net
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.sampling_config import SamplingConfig
+from ssd_pipelines.vq import encode_images
+
 from . import commands, plots, report
 from .image_quality import generate, judge, to_uint8
 from .measure_run import release_freed_memory, run_once
@@ -304,7 +305,7 @@ def render(rows, calls, judged, scaling, args, machine, floors, figures) -> list
     lines += [
         (
             "Forward passes per image against grid side n (n x n codes with end-of-line tokens, codebook 16), "
-            "random-weight backbones, guidance 2, temperature 1, 2 images a call (see `benchmarks/scaling.py` for "
+            "random-weight backbones, guidance 2, temperature 1, 2 images a call (see `ssd_bench/scaling.py` for "
             "what perfect and random drafts mean)."
         ),
         "",

@@ -3,8 +3,8 @@ model's number of tensors, beside copying the same bytes out of a safetensors fi
 loader must do at least), then beside transformers' `from_pretrained` of a bf16 Llama of about 1 GB in each dtype
 (the pipeline loads in float32 by default); the cost of a tensor by itself; and what these project for Janus-Pro-7B here and, by memory bandwidth, on an H200.
 
-    python -m ssd_pipelines.benchmarks.finite_weights                    # CPU (or the GPU if there is one), ~3 min
-    python -m ssd_pipelines.benchmarks.finite_weights --sizes-gb 0.1 0.5 --dtypes bfloat16 --llama-gb 0.2
+    python -m ssd_bench.finite_weights                    # CPU (or the GPU if there is one), ~3 min
+    python -m ssd_bench.finite_weights --sizes-gb 0.1 0.5 --dtypes bfloat16 --llama-gb 0.2
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from transformers import JanusForConditionalGeneration, LlamaConfig, LlamaForCausalLM
 from transformers.models.janus.configuration_janus import JanusVisionConfig
 
-from ..finite_weights import check_finite
+from ssd_pipelines.finite_weights import check_finite
+
 from .backbone_speed import janus_pro_config
 
 JANUS_PRO_7B_BYTES = 14.8e9  # deepseek-community/Janus-Pro-7B's safetensors, bf16

@@ -156,7 +156,7 @@ def local_serve(
     import ray
     from ray import serve
 
-    from ..serving.deployment import build_app
+    from ssd_pipelines.serving.deployment import build_app
 
     owned = not ray.is_initialized()
     if owned:
@@ -199,7 +199,7 @@ def run(
     progress: bool = True,
 ) -> tuple[list[dict], dict]:
     """Every level: (the table's rows, per replica count the servers' info: `exact_max_batch` and crossover)."""
-    from ..serving.crossover import captions
+    from ssd_pipelines.serving.crossover import captions
 
     prompts = captions(64)
     per_level = [max(requests, c) for c in clients]
@@ -295,7 +295,8 @@ COLOURS = {"ar": "black", "exact": "tab:cyan", "auto": "tab:orange"}
 
 def plot(rows: list[dict], out: Path) -> None:
     """Throughput and p50 latency against clients, one line per decoding x replicas (dashed: 2 replicas)."""
-    from ..plots import pyplot
+    from ssd_pipelines.plots import pyplot
+
     from .plots import _plain_log_ticks
 
     plt = pyplot()

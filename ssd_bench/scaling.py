@@ -1,6 +1,6 @@
 """Forward passes against grid side n, for every strategy, with perfect and with random drafts.
 
-On random-weight backbones (`testing.py`) of n x n codes with end-of-line
+On random-weight backbones (`ssd_pipelines.testing`) of n x n codes with end-of-line
 tokens: AR takes n^2 passes; SSD's blocks are rows, so about n; windowed peers
 save a constant factor of n^2 and ZipAR about a third. "Perfect drafts": a
 backbone whose conditionals are uniform (`flat_backbone`), on which the heads'
@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..decoding import STRATEGIES, SJDDecoding, make_strategy
-from ..sampling_config import SamplingConfig
-from ..testing import flat_backbone, tiny_backbone, tiny_heads, with_uniform_drafts
+from ssd_pipelines.decoding import STRATEGIES, SJDDecoding, make_strategy
+from ssd_pipelines.sampling_config import SamplingConfig
+from ssd_pipelines.testing import flat_backbone, tiny_backbone, tiny_heads, with_uniform_drafts
 
 SIDES = (8, 16, 24, 32)
 SETTINGS = ("perfect drafts", "random drafts")

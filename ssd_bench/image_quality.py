@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..backbones.base import ImageBackbone
-from ..decoding import DecodingStrategy
-from ..reference.evaluator import evaluate
-from ..reference.quality import SceneClassifier, frechet_distance, image_features
-from ..reference.scenes import Scene
-from ..sampling_config import SamplingConfig
+from ssd_pipelines.backbones.base import ImageBackbone
+from ssd_pipelines.decoding import DecodingStrategy
+from ssd_pipelines.reference.evaluator import evaluate
+from ssd_pipelines.reference.quality import SceneClassifier, frechet_distance, image_features
+from ssd_pipelines.reference.scenes import Scene
+from ssd_pipelines.sampling_config import SamplingConfig
 
 
 @dataclass

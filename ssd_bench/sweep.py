@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.quality import frechet_to_heldout
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.reference.quality import frechet_to_heldout
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+
 from . import commands, report
 from .reference import adherence, per_task_table, versus_baseline
 

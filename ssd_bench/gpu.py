@@ -32,7 +32,6 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,18 +40,19 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..backbones.prompts import left_padded_batch
-from ..decoding import make_strategy
-from ..decoding.block import Block
-from ..decoding.run import DecodeRun
-from ..decoding.ssd import SSDDecoding
-from ..heads import VERTICAL_DRAFTERS, DraftHeads
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..sampling_config import SamplingConfig
+import ssd_pipelines
+from ssd_pipelines.backbones.prompts import left_padded_batch
+from ssd_pipelines.decoding import make_strategy
+from ssd_pipelines.heads import VERTICAL_DRAFTERS, DraftHeads
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.sampling_config import SamplingConfig
+from ssd_pipelines.testing.engine_probes import ssd_row_draft
+
 from . import backbone_speed as bs
 from . import commands, report
-from .gpu_quantized import quantized_lines, quantized_section
+from .gpu_quantized import quantized_section
+from .gpu_report import SECTIONS, TITLE, markdown, targets
 
 PROMPT = "a red circle left of a blue square"
 DTYPES = ("float32", "bfloat16")
@@ -75,17 +75,7 @@ JANUS_DECODINGS: dict[str, tuple[str, str | None, dict]] = {
 # that with static shapes replayed as CUDA graphs (mode="reduce-overhead"; inductor skips the graphs that write tensors
 # it does not hold at fixed addresses, and says so: B counts its skips)
 MODES = {"eager": None, "compiled": {"dynamic": True}, "captured": {"mode": "reduce-overhead", "dynamic": False}}
-SECTIONS = {
-    "A": "The reference model on the device",
-    "B": "Janus-Pro-7B's shape",
-    "C": "Projections",
-    "D": "Peak memory",
-    "E": "Host syncs",
-    "F": "Targets (issue 39)",
-    "Q": "Janus-Pro-7B's shape quantized (issue 41)",
-}
-TITLE = "GPU measurement: the reference model and Janus-Pro-7B's shape"
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(ssd_pipelines.__file__).resolve().parent
 # of --deadline, by the sections' length on an H200; Q is not a default section (--sections Q), and takes all of
 # the deadline when it runs alone
 SHARES = {"A": 0.2, "B": 0.45, "C": 0.0, "E": 0.35, "Q": 0.35}
@@ -153,22 +143,10 @@ class JanusShape:
 
     @torch.inference_mode()
     def draft_row_seconds(self, kind: str, repeats: int) -> float:
-        """Seconds block `ssd` takes to draft the second row and sample its codes: `SSDDecoding._draft_below`, the
-        calls it makes per row (drafter, the backbone's output head, sampling; an in-row drafter left to right)."""
-        b, grid = self.backbone, self.backbone.grid
-        run = DecodeRun(b, self.batch, grid, self.sampling, None, None, "ssd")
-        generator = torch.Generator(b.device).manual_seed(0)
-        branches = self.batch.input_ids.shape[0]
-        row_hidden = torch.randn(
-            branches, grid.cols, b.hidden_size, generator=generator, device=b.device, dtype=b.dtype
-        )
-        codes = torch.randint(0, grid.codebook_size, (1, grid.cols), generator=generator, device=b.device)
-        row_embeds, h_next = run.embed_codes(codes), row_hidden[:, -1].clone()
-        noise = torch.rand(1, grid.cols, generator=generator, device=b.device)
-        block, ssd = Block(grid, grid.cols, 2 * grid.cols), SSDDecoding(self.heads_of(kind), verify_rounds=0)
-        return bs.median_seconds(
-            lambda: ssd._draft_below(run, block, h_next, row_hidden, row_embeds, noise), b.device, repeats
-        )
+        """Seconds block `ssd` takes to draft the second row and sample its codes (`ssd_row_draft`): the calls it
+        makes per row (drafter, the backbone's output head, sampling; an in-row drafter left to right)."""
+        draft = ssd_row_draft(self.heads_of(kind), self.backbone, self.batch, self.sampling)
+        return bs.median_seconds(draft, self.backbone.device, repeats)
 
     def pass_bytes(self) -> int:
         """Bytes of the weights a 1-token pass reads: the language model's layers and the image generation head
@@ -196,6 +174,7 @@ class Run:
                 "device": torch.cuda.get_device_name(self.device) if on_gpu else "cpu",
                 "tiny": args.tiny,
                 "reference_dtypes": list(DTYPES),
+                "reference_batches": list(reference_batches(args.tiny)),
                 "janus_dtype": "float32" if args.tiny else "bfloat16",
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
@@ -384,11 +363,6 @@ def janus_section(run: Run, res: dict) -> None:
         shape.backbone.compile_passes(None)  # E counts the eager passes' syncs
 
 
-def paper_passes(grid) -> tuple[int, int]:
-    """The paper's SSD passes per 24 x 24 image (r=1, r=2); a tiny grid has none, so two that exercise the code."""
-    return bs.PAPER_SSD_PASSES if grid == [24, 24] else (grid[0] + 2, 2 * grid[0])
-
-
 def projection_section(run: Run, res: dict) -> None:
     """C: AR = prefill + cells x the 1-token pass, against SSD = prefill + N x (row pass + cell heads), N from
     the paper and from the reference model's measured pass ratios (fp32, one image)."""
@@ -397,7 +371,7 @@ def projection_section(run: Run, res: dict) -> None:
         raise ValueError("section B's bare passes were not measured: run section B with C")
     grid, seconds = janus["grid"], janus["bare_passes"]
     cells = grid[0] * grid[1]
-    bases = [("paper", label, n) for label, n in zip(("ssd r=1", "ssd r=2"), paper_passes(grid))]
+    bases = [("paper", label, n) for label, n in zip(("ssd r=1", "ssd r=2"), bs.paper_passes(grid))]
     runs = {r["decoding"]: r for r in run.results["A"].get("runs", []) if r["dtype"] == "float32" and r["images"] == 1}
     if "ar" in runs:
         for label in ("ssd r=2", "exact"):
@@ -419,11 +393,11 @@ def projection_section(run: Run, res: dict) -> None:
 
 
 def sync_site(stack: list[traceback.FrameSummary], message: str) -> str:
-    """Where a host sync happened: the innermost frame of this package outside its benchmarks (whose counters
+    """Where a host sync happened: the innermost frame of ssd_pipelines outside its testing surface (whose counters
     wrap torch's calls), as file:line; the warning's message where the stack has none."""
     for frame in reversed(stack):
         path = Path(frame.filename)
-        if PACKAGE in path.parents and path.parent != PACKAGE / "benchmarks":
+        if PACKAGE in path.parents and path.parent != PACKAGE / "testing":
             return f"{path.relative_to(PACKAGE.parent).as_posix()}:{frame.lineno}"  # as `host_syncs` names sites
     return message
 
@@ -462,7 +436,7 @@ def sync_warnings(device: torch.device):
 
 def host_sync_section(run: Run, res: dict) -> None:
     """E: B's decodes once more, counting host syncs (and on CUDA catching torch's sync warnings)."""
-    from .host_syncs import count_host_syncs
+    from ssd_pipelines.testing.host_syncs import count_host_syncs
 
     shape = run.janus_shape()
     res["decodings"] = {}
@@ -488,287 +462,6 @@ MEASURES = {
     "E": host_sync_section,
     "Q": quantized_section,
 }
-
-
-@dataclass(frozen=True)
-class Target:
-    """One of issue 39's targets: met when the measured value is at most `bound` (below it where `strictly`)."""
-
-    what: str
-    bound: float
-    fmt: str
-    strictly: bool = False
-
-    def row(self, value: float | None, on_gpu: bool) -> dict:
-        if value is None:
-            met = None
-        elif not on_gpu:
-            met = "n/a (CPU)"
-        else:
-            met = value < self.bound if self.strictly else value <= self.bound
-        measured = "not measured" if value is None else self.fmt.format(value)
-        return {"target": self.what, "bound": self.bound, "value": value, "measured": measured, "met": met}
-
-
-def targets(results: dict, on_gpu: bool) -> list[dict]:
-    """F: issue 39's targets against what ran; judged on a GPU only."""
-    janus, projections = results["B"], results["C"].get("projections", [])
-    bare, drafters = janus.get("bare_passes", {}), janus.get("drafters", {})
-    reference = {(r["dtype"], r["decoding"], r["images"]): r for r in results["A"].get("runs", [])}
-    rows = []
-    for r in janus.get("decodings", []):
-        width = "1-token" if r["bare_pass"] == "ar_step" else "row"
-        target = Target(f"7B: {r['decoding']} ({r['mode']}), a pass / the bare {width} pass", 1.25, "{:.2f}x")
-        rows.append(target.row(r["per_bare_pass"], on_gpu))
-    ar_step = bare.get("ar_step")
-    rows.append(Target("7B: the 1-token pass, 1 image (ms)", 8.5, "{:.2f} ms").row(ar_step and 1e3 * ar_step, on_gpu))
-    for r in janus.get("decodings", []):
-        if r["decoding"] == "ar":
-            rows.append(Target(f"7B: ar ({r['mode']}), one image (s)", 6.0, "{:.2f} s").row(r["seconds"], on_gpu))
-    r2 = next((p for p in projections if (p["source"], p["decoding"]) == ("paper", "ssd r=2")), None)
-    what = (
-        f"7B: ssd r=2 projected at {r2['ssd_passes'] if r2 else 80} passes (the paper's 80 on 24 x 24), one image (s)"
-    )
-    rows.append(Target(what, 1.4, "{:.2f} s").row(r2 and r2["ssd_seconds"], on_gpu))
-    recurrent = drafters.get("recurrent", {})
-    row = recurrent.get("seconds_per_row_compiled", recurrent.get("seconds_per_row"))
-    share = row / bare["row_pass"] if row and "row_pass" in bare else None
-    what = "7B: the recurrent drafter's row (compiled) / a row pass"
-    rows.append(Target(what, 0.25, "{:.0%}").row(share, on_gpu))
-    ar = reference.get(("float32", "ar", 1))
-    rows.append(
-        Target("reference fp32: ar, ms a pass, 1 image", 1.5, "{:.2f} ms").row(ar and ar["ms_per_pass"], on_gpu)
-    )
-    exact, ar16 = reference.get(("bfloat16", "exact", 1)), reference.get(("bfloat16", "ar", 1))
-    ratio = exact["seconds_per_image"] / ar16["seconds_per_image"] if exact and ar16 else None
-    rows.append(
-        Target("reference bf16: exact's seconds / ar's, 1 image (faster: < 1)", 1.0, "{:.2f}", True).row(ratio, on_gpu)
-    )
-    return rows
-
-
-GPU_HOWTO = [
-    "To measure on a GPU (about 9 minutes on an H200, with some 30 GiB of its memory), from a checkout of this",
-    "repository:",
-    "",
-    "```bash",
-    "pip install -e . && ssd-bench gpu     # writes docs/gpu.md and docs/gpu.json; --out DIR writes them elsewhere",
-    "pip install -e '.[quantization]' && ssd-bench gpu --sections Q --out docs/gpu_quantized  # the 7B shape in int8, nf4",
-    "```",
-    "",
-    "A GPU machine without internet access needs the wheels of what this package requires and it lacks, built for",
-    "its Python and platform (often transformers >= 5.24, diffusers >= 0.42 and huggingface_hub >= 1.0, with those",
-    "of their dependencies it lacks): carry them over, install them with",
-    "`pip install --no-index --no-deps --target /tmp/site wheels/*.whl` and put /tmp/site first on `PYTHONPATH`.",
-    "Check the imports beforehand in a virtual environment holding only the GPU machine's own packages.",
-]
-
-
-def cpu_note() -> list[str]:
-    """What a CPU run's figures are, and which targets await a GPU."""
-    return [
-        "**These are CPU figures on tiny models, not GPU ones: no GPU was available where this file was made.**",
-        "`--tiny` ran every section's code on the CPU: the Janus-Pro-7B shape shrunk to a tiny model in float32,",
-        "the reference model with one timed repeat and 2 images for 16. They check that the code paths run and",
-        'that greedy decodings agree; their seconds say nothing of a GPU. Every target awaits a GPU ("n/a (CPU)"',
-        "below): the 7B shape's cost per pass against the bare pass, its 1-token pass, `ar`'s seconds and projected",
-        "`ssd` r=2's for one image, the recurrent drafter's share of a row pass, the reference model's milliseconds",
-        "a pass for `ar` and bf16 `exact` against bf16 `ar`.",
-        "",
-        *GPU_HOWTO,
-        "",
-    ]
-
-
-def heading(name: str, res: dict) -> list[str]:
-    status = "" if res["status"] == "done" else f"\n\n**{res['status']}**"
-    return [f"## {name}. {SECTIONS[name]}{status}", ""]
-
-
-def reference_lines(res: dict, batches: tuple[int, int]) -> list[str]:
-    lines = [
-        'The shipped reference model, `output_type="latent"` (the VQ decoder is not timed), its default guidance,',
-        f"one prompt, median seconds after a warm-up, batches of {batches[0]} and {batches[1]} images.",
-        "",
-    ]
-    greedy = res.get("greedy_float32")
-    if greedy:
-        verdicts = {key: f"**{str(greedy[key]).lower()}**" for key in ("exact_equals_ar", "ssd_no_cap_equals_ar")}
-        lines += [
-            f"Greedy check (temperature 0, float32, {greedy['images']} images): `exact` == `ar`: "
-            + f"{verdicts['exact_equals_ar']}; `ssd` with no cap on rounds == `ar`: {verdicts['ssd_no_cap_equals_ar']}.",
-            "Not checked in bf16, whose rounding may flip near-ties between a 1-token pass and a row pass.",
-            "",
-        ]
-    if res.get("runs"):
-        lines += ["| dtype | decoding | images | passes | seconds / image | ms / pass |", "|---|---|---|---|---|---|"]
-        lines += [
-            f"| {r['dtype']} | {r['decoding']} | {r['images']} | {r['passes']} | {r['seconds_per_image']:.4f} | "
-            f"{r['ms_per_pass']:.2f} |"
-            for r in res["runs"]
-        ]
-        lines.append("")
-    return lines
-
-
-def janus_lines(res: dict, dtype: str) -> list[str]:
-    if "grid" not in res:
-        return []
-    rows, cols = res["grid"]
-    lines = [
-        f"`JanusForConditionalGeneration` of Janus-Pro-7B's shape ({res['backbone_parameters']:,} parameters,",
-        f"{rows} x {cols} grid), random {dtype} weights (built in {res['build_seconds']} s), guidance batched (2 rows",
-        f"an image), one image, a {bs.PROMPT_TOKENS}-token prompt. Random weights make acceptance meaningless: compare",
-        "seconds per pass, not passes.",
-        "",
-    ]
-    bare = res.get("bare_passes")
-    if bare:
-        gb_per_s = bare["pass_bytes"] / bare["ar_step"] / 1e9
-        lines += [
-            "| bare pass (`backbone_speed.measure`) | ms |",
-            "|---|---|",
-            f"| prefill ({bs.PROMPT_TOKENS} prompt tokens) | {1e3 * bare['prefill']:.2f} |",
-            f"| 1 token (`ar_step`: extend + code logits) | {1e3 * bare['ar_step']:.2f} |",
-            f"| one row, {cols} tokens (`row_pass`) | {1e3 * bare['row_pass']:.2f} |",
-            f"| per-cell vertical heads over a row | {1e3 * bare['heads']:.2f} |",
-            "",
-            f"Bandwidth achieved by the 1-token pass: {bare['pass_bytes'] / 1e9:.3g} GB of weights (the language",
-            f"model's layers and the image head) in {1e3 * bare['ar_step']:.2f} ms = {gb_per_s:.3g} GB/s.",
-            "",
-        ]
-    if res.get("drafters"):
-        lines += [
-            "Each vertical drafter drafting one row (the second) and sampling its codes, as block `ssd` does it:",
-            "`SSDDecoding._draft_below` timed alone on random heads of this shape (an in-row drafter goes left to",
-            "right, a step a cell, each with the backbone's output head and a sample), eager and compiled (the row",
-            "one `torch.compile`d step, `SSDDecoding._draft_row`).",
-            "",
-            "| drafter | parameters | ms a row, eager | share of a row pass | ms a row, compiled | share |",
-            "|---|---|---|---|---|---|",
-        ]
-        for kind, d in res["drafters"].items():
-            eager, compiled = d["seconds_per_row"], d["seconds_per_row_compiled"]
-            shares = [f"{t / bare['row_pass']:.0%}" if bare else "-" for t in (eager, compiled)]
-            lines.append(
-                f"| {kind} | {d['parameters']:,} | {1e3 * eager:.2f} | {shares[0]} | {1e3 * compiled:.2f} | {shares[1]} |"
-            )
-        lines.append("")
-    if res.get("decodings"):
-        lines += [
-            "End to end, one image through the strategies' `decode()`, once each; a pass against the bare pass of its",
-            "width (`ar`: 1 token; `ssd`, `exact`: a row). Mode `compiled`: the backbone's passes and the engines'",
-            "steps between them (drafting, verification) through `torch.compile` (`pipe.enable_compiled_passes()`),",
-            "timed after a first decode that compiles. Mode `captured`: the same with static shapes, replayed as CUDA",
-            'graphs (`pipe.enable_compiled_passes(mode="reduce-overhead")`). With `--tiny`, both are traced with the',
-            "`eager` backend, which checks the path, not the speed.",
-            "",
-            "| mode | decoding | passes | seconds | ms / pass | / bare pass |",
-            "|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['mode']} | {r['decoding']} | {r['passes']} | {r['seconds']:.3f} | {r['ms_per_pass']:.2f} | "
-            f"{r['per_bare_pass']:.2f}x |"
-            for r in res["decodings"]
-        ]
-        lines.append("")
-    if "cudagraph_skips" in res:
-        lines += [
-            f"Graphs of the `captured` mode inductor ran without a CUDA graph: {res['cudagraph_skips']}. It skips one",
-            "that writes a tensor not held at a fixed address; the engine holds what its graphs write (docs/decoding.md,",
-            '"Captured passes"), so any skip is a regression, and `TORCH_LOGS=cudagraphs` names its reason. With',
-            "`--tiny` nothing is asked to be captured, so nothing is skipped.",
-            "",
-        ]
-    return lines
-
-
-def projection_lines(res: dict, grid: list[int]) -> list[str]:
-    if not res.get("projections"):
-        return []
-    lines = [
-        "One image at the 7B shape: AR = prefill + cells x the 1-token pass; SSD = prefill + N x (a row pass + the",
-        "per-cell heads), every pass charged a full row (an upper bound). N is the paper's, or the reference model's",
-        "passes against AR's (section A, float32, one image) scaled to this grid.",
-        *(
-            []
-            if grid == [24, 24]
-            else [f"The {grid[0]} x {grid[1]} grid has no published counts: {paper_passes(grid)} stand in."]
-        ),
-        "",
-        "| N from | decoding | N | AR seconds | SSD seconds | speedup |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {p['source']} | {p['decoding']} | {p['ssd_passes']} | {p['ar_seconds']:.3f} | {p['ssd_seconds']:.3f} | "
-        f"{p['speedup']:.2f}x |"
-        for p in res["projections"]
-    ]
-    return [*lines, ""]
-
-
-def memory_lines(res: dict, on_gpu: bool) -> list[str]:
-    if not on_gpu:
-        return ["Measured on CUDA only (`torch.cuda.max_memory_allocated`): null on the CPU.", ""]
-    lines = ["Each section's peak of allocated memory (the 7B backbone, built in B, stays for E).", ""]
-    lines += ["| section | peak GiB |", "|---|---|"]
-    lines += [f"| {name} | {gib} |" for name, gib in res["peak_memory_gib"].items() if gib is not None]
-    return [*lines, ""]
-
-
-def host_sync_lines(res: dict) -> list[str]:
-    if not res.get("decodings"):
-        return []
-    lines = [
-        "B's decodes once more: the calls that block the host on a GPU, counted on any device by",
-        "`host_syncs.count_host_syncs` (total (kinds); commonest sites), and on CUDA the warnings of",
-        '`torch.cuda.set_sync_debug_mode("warn")` with their commonest sites.',
-        "",
-        "| decoding | passes | host syncs a pass | counted | sync warnings (CUDA) | their sites |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, r in res["decodings"].items():
-        warned = "-" if r["sync_warnings"] is None else r["sync_warnings"]
-        sites = ", ".join(f"{site} x{n}" for site, n in r["top_sites"]) if r["top_sites"] else "-"
-        lines.append(f"| {label} | {r['passes']} | {r['per_pass']:.2f} | {r['summary']} | {warned} | {sites} |")
-    return [*lines, ""]
-
-
-def target_lines(res: dict) -> list[str]:
-    lines = ["| target | bound | measured | met |", "|---|---|---|---|"]
-    for r in res["rows"]:
-        met = {True: "yes", False: "no", None: "-"}.get(r["met"], r["met"])
-        lines.append(f"| {r['target']} | {r['bound']:g} | {r['measured']} | {met} |")
-    return [*lines, ""]
-
-
-def markdown(results: dict, on_gpu: bool) -> list[str]:
-    """gpu.md below its title and command: the environment, on a CPU what its figures are, then each section."""
-    env = results["environment"]
-    lines = [
-        f"Device: {env['device']}; the reference model in {' and '.join(env['reference_dtypes'])}, the Janus-Pro-7B",
-        f"shape in {env['janus_dtype']}; torch {env['torch']}, transformers {env['transformers']}, diffusers",
-        f"{env['diffusers']}, Python {env['python']}, {env['cpu_threads']} CPU thread(s); started {env['started']},",
-        f"deadline {env['deadline_seconds']:g} s. The same figures as JSON: `gpu.json` beside this file.",
-        "",
-        *(cpu_note() if not on_gpu else []),
-    ]
-    body = {
-        "A": lambda res: reference_lines(res, reference_batches(env["tiny"])),
-        "B": lambda res: janus_lines(res, env["janus_dtype"]),
-        "C": lambda res: projection_lines(res, results["B"].get("grid")),
-        "D": lambda res: memory_lines(res, on_gpu),
-        "E": host_sync_lines,
-        "F": target_lines,
-        "Q": quantized_lines,
-    }
-    for name, lines_of in body.items():
-        lines += heading(name, results[name])
-        if results[name]["status"] != "not run":
-            lines += lines_of(results[name])
-    if on_gpu:
-        lines += GPU_HOWTO
-    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

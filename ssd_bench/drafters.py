@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..acceptance import format_rates
-from ..heads import DraftHeads
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..plots import pyplot
-from ..reference.quality import frechet_to_heldout
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.heads import DraftHeads
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.plots import pyplot
+from ssd_pipelines.reference.quality import frechet_to_heldout
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+
 from . import commands, report
 from .measure_run import one_image_call, summarize_calls
 from .reference import adherence, paired_difference, versus_baseline

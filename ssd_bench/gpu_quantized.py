@@ -18,9 +18,10 @@ import gc
 import torch
 from torch import nn
 
-from ..precisions import check_precision
+from ssd_pipelines.precisions import check_precision
+
 from . import backbone_speed as bs
-from .quantization import weight_report
+from .quantization_weights import weight_report
 
 CARDS_GIB = (8, 12)
 QUANTIZED = ("int8", "nf4")
@@ -93,33 +94,3 @@ def quantized_section(run, res: dict) -> None:
     for precision in ("float32" if run.tiny else "bfloat16", *QUANTIZED):
         with run.measuring(f"Q {precision}"):
             res["rows"].append(measure_precision(precision, run.device, run.tiny, bs.PROMPT_TOKENS, repeats))
-
-
-def size(count: int) -> str:
-    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.2f} MiB"
-
-
-def quantized_lines(res: dict) -> list[str]:
-    lines = [
-        "Janus-Pro-7B's shape with random weights, its language model's linear layers quantized in place (int8:",
-        "torchao weight-only; nf4: bitsandbytes, computing in the model's dtype); one image with guidance, the cache",
-        "holding the prompt and half the image, median seconds. Weights: the backbone's bytes as stored. On CUDA,",
-        "allocated: what the backbone and heads hold; peak: the most allocated during the passes (the CUDA context,",
-        f"some 0.5 GiB, comes on top); fits: that peak within {' and '.join(map(str, CARDS_GIB))} GiB.",
-        "",
-        "| precision | weights | allocated GiB | peak GiB | fits 8 / 12 GiB | 1-token pass ms | row pass ms | row / 1-token |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in res.get("rows", []):
-        if r["status"] != "ran":
-            lines.append(f"| {r['precision']} | **{r['status']}**: {r['reason']} |  |  |  |  |  |  |")
-            continue
-        cuda = "allocated_gib" in r
-        fits = " / ".join("yes" if r[f"fits_{gib}gib"] else "no" for gib in CARDS_GIB) if cuda else "-"
-        lines.append(
-            f"| {r['precision']} | {size(r['weight_bytes'])} | "
-            + (f"{r['allocated_gib']:.2f} | {r['peak_gib']:.2f} | " if cuda else "- | - | ")
-            + f"{fits} | {1e3 * r['seconds']['ar_step']:.2f} | {1e3 * r['seconds']['row_pass']:.2f} | "
-            + f"{r['row_per_token_pass']:.2f} |"
-        )
-    return [*lines, ""]

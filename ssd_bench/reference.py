@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..acceptance import format_rates
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.evaluator import evaluate
-from ..reference.quality import frechet_to_heldout
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.reference.evaluator import evaluate
+from ssd_pipelines.reference.quality import frechet_to_heldout
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+
 from . import commands, report
 from .measure_run import one_image_call, summarize_calls
 

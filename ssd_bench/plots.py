@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plots import pyplot
+from ssd_pipelines.plots import pyplot
 
 
 def _family(label: str) -> str:

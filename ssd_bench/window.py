@@ -17,10 +17,11 @@ import statistics
 import torch
 from tqdm.auto import tqdm
 
-from ..acceptance import format_rates
-from ..hub import default_model
-from ..pipeline_ssd import SSDAutoregressivePipeline
-from ..reference.scenes import HELDOUT_SEED_START, sample_scene
+from ssd_pipelines.acceptance import format_rates
+from ssd_pipelines.hub import default_model
+from ssd_pipelines.pipeline_ssd import SSDAutoregressivePipeline
+from ssd_pipelines.reference.scenes import HELDOUT_SEED_START, sample_scene
+
 from . import commands, report
 
 
