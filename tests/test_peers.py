@@ -144,3 +144,24 @@ def test_zipar_passes_do_not_depend_on_the_drafts():
 def test_bad_peer_settings_say_what_to_change(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize(
+    "build, width",
+    [
+        (lambda heads: SJDDecoding(window=8), 8),
+        (lambda heads: GSDDecoding(window=8), 8),
+        (lambda heads: SJDPACDecoding(window=16, tree_width=2, tree_depth=2), 16),  # the tree's nodes included
+        (lambda heads: MTP1DDecoding(heads), None),
+        (lambda heads: ZipARDecoding(window=1), None),
+    ],
+    ids=["sjd", "gsd", "sjd-pac", "mtp1d", "zipar"],
+)
+def test_every_peer_counts_the_positions_its_passes_carry(build, width):
+    backbone = tiny_backbone(rows=4, cols=4, codebook_size=8)  # 20 positions: wider than each window
+    prompts = backbone.encode_prompts(PROMPTS, guidance=True)
+    out = build(tiny_heads(backbone)).decode(backbone, prompts, GUIDED, generator=torch.Generator().manual_seed(0))
+    passes, positions = out.stats.forward_passes - 1, out.stats.positions_processed  # the prefill carries none
+    assert passes > 0 and positions >= passes
+    if width is not None:  # a window's passes each carry the whole window
+        assert positions == passes * width

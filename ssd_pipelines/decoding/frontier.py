@@ -132,8 +132,7 @@ class FrontierRun(SlidingWindow):
         window = self.place()
         embeds = run.embed_positions(window.codes[:, :W], window.cells[:, :W])
         out = run.backbone.extend_rows(self.state, embeds, self.both(window.positions[:, 0]), self.attended(progress))
-        run.stats.forward_passes += 1
-        run.stats.positions_processed += W
+        run.count_pass(W)
         run.backbone.compiled(FrontierRun._verify, "the verification step")(self, window, out, noise)
 
     def _verify(self, window: Window, out: torch.Tensor, noise: tuple[torch.Tensor, ...]) -> None:

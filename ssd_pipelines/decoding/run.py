@@ -71,10 +71,15 @@ class DecodeRun:
         self.stats.forward_passes += 1
         return self.backbone.prefill(self.prompts)
 
+    def count_pass(self, positions: int) -> None:
+        """One backbone pass after the prefill, carrying `positions` image positions per image: every decoding,
+        the peers' included, counts its passes here, so their statistics compare passes and what each carries."""
+        self.stats.forward_passes += 1
+        self.stats.positions_processed += positions
+
     def forward(self, state: KVState, block: Block, codes: torch.Tensor) -> torch.Tensor:
         """One backbone pass over a block's codes [B, n_cells] -> output hidden states [B', n_pos, d]."""
-        self.stats.forward_passes += 1
-        self.stats.positions_processed += block.num_positions
+        self.count_pass(block.num_positions)
         return self.backbone.extend(state, block.embed(self.backbone, both_branches(codes, self.prompts.guidance)))
 
     def rows_committed(self, up_to_row: int) -> None:

@@ -154,7 +154,7 @@ class TreeWindowRun(WindowRun):
     def _forward_tree(self, positions, codes, cells, candidates, depth_cells):
         """One pass: the chain's W positions, and the tree's side nodes at scratch slots past the image."""
         run, tree, S, W = self.run, self.tree, self.grid.sequence_length, self.window
-        run.stats.forward_passes += 1
+        run.count_pass(W + tree.num_side)  # the chain and the tree's side nodes
         images = self.images[:, None]
         side_depth = tree.side_depth.to(positions.device)  # [n_s]
         side_branch = torch.tensor([path[-1] for path in tree.side_paths], device=positions.device)

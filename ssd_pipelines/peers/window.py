@@ -146,7 +146,7 @@ class WindowRun(SlidingWindow):
     def _forward(self, positions: torch.Tensor, codes: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         """One pass over W positions per image [B, W] -> hidden states [B', W, d]."""
         run = self.run
-        run.stats.forward_passes += 1
+        run.count_pass(positions.shape[1])
         slots = torch.arange(self.grid.sequence_length, device=positions.device)
         positions = self.both(positions)
         return run.backbone.extend_at(

@@ -76,7 +76,7 @@ class ZipARDecoding(DecodingStrategy):
             hidden = run.backbone.extend_at(
                 state, embeds, positions.expand(batch, -1), visible.expand(batch, -1, -1)
             )  # [B', n, d]
-            run.stats.forward_passes += 1
+            run.count_pass(len(positions))
             order = {int(s): i for i, s in enumerate(positions)}
             cells = torch.tensor([cell for _, cell in targets], device=fed.device)
             p = run.probs(hidden[:, [order[source] for source, _ in targets]])  # [B, m, K]
