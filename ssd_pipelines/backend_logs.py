@@ -4,7 +4,10 @@ transformers and diffusers import torchao (and diffusers bitsandbytes) as soon a
 whenever it is installed (`pip install -e ".[quantization]"`), so a float32 run printed five lines before its first
 image: torchao's kernels built for other GPUs or another Python ("Failed to load .../torchao/_C_mxfp8...so"),
 torch's deprecation of two torchao enums registered with pytree, and diffusers' "Unable to import `torchao` Tensor
-objects", which matters only for unpickling torchao checkpoints, and this package loads safetensors only.
+objects", which matters only for unpickling torchao checkpoints, and this package loads safetensors only. On a CPU
+with AVX512-BF16, bitsandbytes also asks the `kernels` package for a compiled kernel from the Hub
+("kernels-community/quantization-bitsandbytes"), which `kernels` refuses as unverified (and offline there is none):
+bitsandbytes then runs its own CPU kernels, and this package would not run code fetched from the Hub anyway.
 A filter on each of those loggers drops exactly those records; everything else they log still shows.
 """
 
@@ -23,6 +26,10 @@ def _torchao_enum_registered(record: logging.LogRecord) -> bool:
     return "is an Enum subclass" in str(record.msg) and getattr(registered, "__module__", "").startswith("torchao")
 
 
+def _hub_kernel_refused(record: logging.LogRecord) -> bool:
+    return record.getMessage().startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
 def _torchao_pickles(record: logging.LogRecord) -> bool:
     return record.getMessage().startswith("Unable to import `torchao` Tensor objects")
 
@@ -31,6 +38,7 @@ HARMLESS = {  # logger: the records of it that say nothing a user of this packag
     "torchao": _failed_torchao_kernel,
     "torch.utils._pytree": _torchao_enum_registered,
     "diffusers.quantizers.torchao.torchao_quantizer": _torchao_pickles,
+    "bitsandbytes.backends.cpu.ops": _hub_kernel_refused,
 }
 
 
