@@ -6,6 +6,7 @@ from tiny_backbones import tiny_emu3
 
 from ssd_pipelines import ARDecoding, SamplingConfig
 from ssd_pipelines.backbones import Emu3Backbone
+from ssd_pipelines.testing.host_syncs import count_host_syncs
 
 PROMPTS = ["a red dog", "the blue cat in the rain"]
 
@@ -82,3 +83,12 @@ def test_sizes_are_multiples_of_the_vq_models_code(emu3):
         emu3.grid_for_size(5, 8)
     with pytest.raises(ValueError, match="reads at most 512"):
         emu3.grid_for_size(64, 64)
+
+
+def test_the_end_of_line_embedding_is_read_without_a_copy_from_the_host(emu3):
+    """Every frontier pass of Emu3 and Lumina-mGPT embeds the end-of-line token: a pageable copy would block the
+    host on a GPU each pass."""
+    with count_host_syncs() as syncs:
+        embed = emu3.embed_token(emu3.eol_token_id)
+    assert syncs.total == 0, syncs.summary()
+    torch.testing.assert_close(embed, emu3.decoder.embed_tokens.weight[emu3.eol_token_id])

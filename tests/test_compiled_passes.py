@@ -242,6 +242,14 @@ def test_cuda_graphs_however_asked_for_take_static_passes_and_held_state(options
     pipe.disable_compiled_passes()
 
 
+@pytest.mark.parametrize("options", [{"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}])
+def test_cuda_graphs_with_dynamic_shapes_are_refused(options):
+    pipe = tiny_pipeline()
+    with pytest.raises(ValueError, match="every pass would record a graph of its own: pass dynamic=False"):
+        pipe.enable_compiled_passes(dynamic=True, **options)
+    assert not pipe.image_backbone.passes_compiled  # nothing was half set up
+
+
 @pytest.mark.parametrize("drafter", ["cell", "recurrent"])
 def test_passes_captured_as_cuda_graphs_hold_what_they_write_and_keep_no_output(drafter, monkeypatch):
     """mode="reduce-overhead" on a GPU replays each graph as a CUDA graph. Here torch.compile is given the CPU

@@ -90,8 +90,10 @@ class CodeTokenBackbone(CausalLMBackbone):
         return self.decoder.embed_tokens(self.codes.ids(codes))
 
     def embed_token(self, token_id: int) -> torch.Tensor:
+        # the index is filled on the device: torch.tensor(token_id, device=...) would copy from pageable host memory,
+        # which blocks the host on a GPU, and the frontier embeds the end-of-line token every pass
         embedding = self.decoder.embed_tokens
-        return embedding(torch.tensor(token_id, device=execution_device(embedding)))
+        return embedding(torch.full((), token_id, dtype=torch.long, device=execution_device(embedding)))
 
     def _text_ids(self, text: str) -> list[int]:
         """The tokenizer's ids of `text`, without the special tokens it would add (the prompt places its own)."""

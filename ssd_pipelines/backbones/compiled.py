@@ -89,6 +89,12 @@ class CompiledPasses:
     """What `enable_compiled_passes` asked for: the options, the compiled forward, the steps compiled so far."""
 
     def __init__(self, forward: Callable, options: dict):
+        if uses_cuda_graphs(options) and options.get("dynamic"):
+            raise ValueError(
+                "CUDA graphs replay one shape each, and with dynamic=True the passes over the image grow with the "
+                "key/value cache, so every pass would record a graph of its own: pass dynamic=False, or leave it "
+                "unset (enable_compiled_passes then takes static passes under CUDA graphs)."
+            )
         self.options = options
         self.forward = CompiledFunction(forward, options, "this backbone's pass", self.cuda_graphs)
         self.steps: dict[Callable, CompiledFunction] = {}
