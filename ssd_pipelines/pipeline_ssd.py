@@ -72,7 +72,8 @@ class SSDPipelineOutput(BaseOutput):
     interrupted / rows_completed: a stopped call decoded only its first `rows_completed` rows; the others
     are -1 in `codes` and `final_round`, and black in the images.
     warnings: what the call changed or could not read in its input (a prompt cut to the tokens the model reads,
-    unknown words), for the caller to show: also issued as Python warnings, which only a log sees."""
+    unknown words), and what ran otherwise than asked (a compiled pass that ran eagerly, and why), for the caller
+    to show: also issued as Python warnings, which only a log sees."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
     codes: torch.Tensor
@@ -236,8 +237,12 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         Opt-in, as diffusers leaves `torch.compile` to its users, and for GPUs: on a CPU it does not pay, and
         inductor there warns so. On the reference model, one thread, the first `auto` call compiled for 149 s and
         later calls took 1.46 s against eager's 1.32 s (docs/decoding.md, "Compiled passes";
-        docs/probes/compiled_on_cpu.py). The codes are eager's for the same seed. A pass the backend cannot compile warns once and runs eagerly from then on; moving the
-        pipeline to another device or dtype compiles again on the next call."""
+        docs/probes/compiled_on_cpu.py). The codes are eager's for the same seed. Guidance, temperature, top-k and
+        top-p enter the graphs as tensors, so other values compile nothing new; every compiled call runs on the
+        model's one owning thread, its callback still in the caller's. Each call's `stats` count what ran compiled
+        and eagerly and the graphs it compiled, and its `warnings` say why anything ran eagerly (a pass the backend
+        cannot compile runs eagerly for those shapes from then on); moving the pipeline to another device or dtype
+        compiles again on the next call (docs/decoding.md, "Compiled passes that hold")."""
         if self.device.type == "cpu" and compile_options.get("backend", "inductor") == "inductor":
             warnings.warn(COMPILING_ON_A_CPU, UserWarning, stacklevel=2)
         self.image_backbone.compile_passes({"dynamic": not uses_cuda_graphs(compile_options), **compile_options})
@@ -410,7 +415,7 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
             final_round=decoded.final_round,
             interrupted=decoded.stats.interrupted,
             rows_completed=decoded.stats.rows_completed,
-            warnings=list(batch.notes),
+            warnings=[*batch.notes, *decoded.warnings],
         )
         return output if return_dict else output.to_tuple()
 

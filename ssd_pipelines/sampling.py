@@ -17,59 +17,88 @@ same codes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
 from .sampling_config import SamplingConfig
 
 
-def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+@dataclass(frozen=True)
+class SamplingTensors:
+    """A call's `SamplingConfig` as compiled graphs read it: the values (guidance scale, temperature, top-k, top-p)
+    are 0-d tensors on the model's device, inputs of the graphs, so that a call with other values replays the same
+    graphs (a Python float is a constant dynamo guards on: the ninth guidance scale ran eagerly, issue 51). What
+    changes the computation itself stays Python: greedy or not, guided or not, top-k and top-p on or off."""
+
+    greedy: bool
+    guidance: bool
+    scale: torch.Tensor  # float32
+    temperature: torch.Tensor  # float32; 1 when greedy (unused)
+    top_k: torch.Tensor | None  # long; None: off
+    top_p_floor: torch.Tensor | None  # float32 1 - top_p, taken in double as transformers does; None: off
+
+    @classmethod
+    def of(cls, config: SamplingConfig, device: torch.device) -> SamplingTensors:
+        """One host-to-device copy a call."""
+        top_p = config.top_p is not None and config.top_p < 1.0
+        values = torch.tensor(
+            [config.guidance_scale, config.temperature or 1.0, 1 - config.top_p if top_p else 0.0], device=device
+        )
+        top_k = None if config.top_k is None else torch.tensor(config.top_k, device=device)
+        return cls(config.greedy, config.uses_guidance, values[0], values[1], top_k, values[2] if top_p else None)
+
+
+def target_probs(logits: torch.Tensor, config: SamplingConfig | SamplingTensors) -> torch.Tensor:
     """Image-codebook logits -> the distribution tokens are sampled from.
 
     logits: [B', ..., K] where B' = 2B with guidance (conditional rows first,
     then unconditional), else B. Returns float32 probabilities [B, ..., K].
     """
+    config = _on_device(config, logits.device)
     if config.greedy:
         guided = _guided(logits, config)
         return torch.zeros_like(guided).scatter_(-1, guided.argmax(-1, keepdim=True), 1.0)
     return _processed(logits, config).softmax(-1)
 
 
-def target_log_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+def target_log_probs(logits: torch.Tensor, config: SamplingConfig | SamplingTensors) -> torch.Tensor:
     """The log of `target_probs`, computed stably: what a loss on the verifier's own distribution needs.
     Greedy has no log-density (one-hot): train with a temperature."""
+    config = _on_device(config, logits.device)
     if config.greedy:
         raise ValueError("a greedy target has no log-probabilities: pass a temperature > 0.")
     return _processed(logits, config).log_softmax(-1)
 
 
-def _guided(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+def _on_device(config: SamplingConfig | SamplingTensors, device: torch.device) -> SamplingTensors:
+    return config if isinstance(config, SamplingTensors) else SamplingTensors.of(config, device)
+
+
+def _guided(logits: torch.Tensor, config: SamplingTensors) -> torch.Tensor:
     logits = logits.float()
-    if config.uses_guidance:
+    if config.guidance:
         cond, uncond = logits.chunk(2, dim=0)
-        logits = uncond + config.guidance_scale * (cond - uncond)
+        logits = uncond + config.scale * (cond - uncond)
     return logits
 
 
-def _processed(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Guided, tempered and warped logits (top-k / top-p leave -inf), before the softmax."""
+def _processed(logits: torch.Tensor, config: SamplingTensors) -> torch.Tensor:
+    """Guided, tempered and warped logits (top-k, then top-p, leave -inf), before the softmax: transformers'
+    `TopKLogitsWarper` and `TopPLogitsWarper`, written on tensor settings (theirs take Python numbers), equal to
+    theirs bit for bit (tests/test_sampling.py)."""
     logits = _guided(logits, config) / config.temperature
-    warpers = logits_warpers(config)
-    if warpers:
-        flat = logits.reshape(-1, logits.shape[-1])  # [N, K]: the warpers work on 2-D scores
-        logits = warpers(None, flat).reshape(logits.shape)
-    return logits
-
-
-def logits_warpers(config: SamplingConfig) -> LogitsProcessorList:
-    """transformers' warpers for top-k and top-p, applied after guidance and temperature."""
-    warpers = LogitsProcessorList()
     if config.top_k is not None:
-        warpers.append(TopKLogitsWarper(config.top_k))
-    if config.top_p is not None and config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(config.top_p))
-    return warpers
+        kth = logits.sort(dim=-1, descending=True).values.gather(
+            -1, (config.top_k.clamp(max=logits.shape[-1]) - 1).expand(*logits.shape[:-1], 1)
+        )
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if config.top_p_floor is not None:  # the smallest set of likeliest codes whose probability reaches top_p
+        ascending, order = logits.sort(dim=-1)
+        outside = ascending.softmax(dim=-1).cumsum(dim=-1) <= config.top_p_floor
+        outside[..., -1] = False  # the likeliest code always stays
+        logits = logits.masked_fill(outside.scatter(-1, order, outside), -float("inf"))
+    return logits
 
 
 class ImageGenerators:

@@ -2,6 +2,7 @@
 and fall back to eager, saying so once, where the backend cannot compile (issue 39, part 3). Compiling takes tens of
 seconds on this CPU: each test compiles once."""
 
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from threading import Barrier
@@ -59,7 +60,11 @@ def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         fallen_back = codes(pipe, "exact", {}, 1.0)
+        later = pipe(["blue"], decoding="exact", output_type="latent")
         again = codes(pipe, "exact", {}, 1.0)
+    # each call it serves says so, with the cause, in its warnings and stats
+    assert any("this backbone's pass ran eagerly" in w and "this backend compiles nothing" in w for w in later.warnings)
+    assert later.stats["eager_calls"] >= later.stats["forward_passes"] - 1 and later.stats["compiled_calls"] == 0
     said = [str(w.message) for w in seen if "could not compile this backbone's pass" in str(w.message)]
     assert len(said) == 1 and "from now on it runs eagerly" in said[0], [str(w.message) for w in seen]
     assert torch.equal(fallen_back, eager) and torch.equal(again, eager)
@@ -285,30 +290,59 @@ def test_passes_captured_as_cuda_graphs_hold_what_they_write_and_keep_no_output(
     pipe.disable_compiled_passes()
 
 
-def test_compiled_calls_in_two_threads_each_give_their_seeds_codes():
-    """Gradio and ComfyUI call one pipeline from worker threads: the compiled steps share graphs, never a call's
-    state. The two calls wait for each other after every row, so their passes interleave all the way."""
+def test_compiled_calls_from_many_threads_run_on_one_owner_and_each_give_their_seeds_codes():
+    """Gradio and ComfyUI call one pipeline from worker threads: their compiled calls queue on the model's one owning
+    thread (`compiled.PassOwner`), so they replay one set of graphs, while each call's callbacks still run in the
+    thread that called, and each call keeps its state (its seed's codes)."""
     pipe = tiny_pipeline()
-    seeds = (1, 2)
+    seeds = (1, 2, 3, 4)
 
     def call(seed, **kwargs):
         generator = torch.Generator().manual_seed(seed)
-        return pipe(["a red circle"], decoding="exact", generator=generator, output_type="latent", **kwargs).codes
+        return pipe(["a red circle"], decoding="exact", generator=generator, output_type="latent", **kwargs)
 
-    eager = [call(seed) for seed in seeds]
+    eager = [call(seed).codes for seed in seeds]
     torch._dynamo.reset()
     pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
-    call(seeds[0])  # compile once, so that both threads run graphs
-    rows_met = Barrier(len(seeds), timeout=60)
+    assert call(seeds[0]).stats["graphs_compiled"] > 0  # compile once: then every thread's call replays
+    callers: dict[int, set[str]] = {}
+    started = Barrier(len(seeds), timeout=60)
 
-    def lockstep(_pipe, _row, _timestep, _tensors):
-        rows_met.wait()
-        return {}
+    def in_a_thread(seed):
+        started.wait()  # all at once
+
+        def on_row(_pipe, _row, _timestep, _tensors):
+            callers.setdefault(seed, set()).add(threading.current_thread().name)
+            return {}
+
+        return threading.current_thread().name, call(seed, callback_on_step_end=on_row)
 
     with ThreadPoolExecutor(len(seeds)) as pool:
-        together = [f.result() for f in [pool.submit(call, seed, callback_on_step_end=lockstep) for seed in seeds]]
-    for alone, got in zip(eager, together):
-        assert torch.equal(got, alone)
+        together = [f.result() for f in [pool.submit(in_a_thread, seed) for seed in seeds]]
+    owner = pipe.image_backbone.pass_owner.thread.name
+    for seed, alone, (thread, out) in zip(seeds, eager, together):
+        assert torch.equal(out.codes, alone), seed
+        assert out.stats["graphs_compiled"] == 0 and out.stats["compiled_calls"] > 0, seed
+        assert callers[seed] == {thread} and thread != owner, (callers, owner)
+    pipe.disable_compiled_passes()
+
+
+def test_a_callback_that_raises_on_a_compiled_call_stops_it_and_raises_in_the_caller():
+    pipe = tiny_pipeline()
+    pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
+    rows = []
+
+    def fail_at_row_two(_pipe, row, _timestep, _tensors):
+        rows.append(row)
+        if row == 2:
+            raise KeyboardInterrupt("stopped by the user")  # ComfyUI's interrupt raises from the callback
+        return {}
+
+    with pytest.raises(KeyboardInterrupt, match="stopped by the user"):
+        pipe(["blue"], decoding="exact", output_type="latent", callback_on_step_end=fail_at_row_two)
+    assert rows == [0, 1, 2]  # no row after the one that raised
+    out = pipe(["blue"], decoding="exact", output_type="latent")  # the owner serves the next call
+    assert out.rows_completed == pipe.image_backbone.grid.rows
     pipe.disable_compiled_passes()
 
 

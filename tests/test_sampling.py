@@ -155,3 +155,27 @@ def test_a_noise_tape_row_of_an_image_does_not_depend_on_its_batch():
     batch = NoiseTape(ImageGenerators([torch.Generator().manual_seed(s) for s in seeds]), 3, 4, torch.device("cpu"))
     for _ in range(40):
         assert torch.equal(batch.next()[1], alone.next()[0])
+
+
+@pytest.mark.parametrize("top_k, top_p", [(1, None), (5, None), (50, None), (None, 0.3), (None, 0.9), (5, 0.95)])
+def test_top_k_and_top_p_on_tensor_settings_equal_transformers_warpers_bit_for_bit(top_k, top_p):
+    """`target_probs` reads its settings as tensors (so compiled graphs never recompile for a new value): its
+    filters must be transformers' TopKLogitsWarper and TopPLogitsWarper exactly, ties included."""
+    from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1.0, 3.0):
+        for temperature in (0.37, 1.0, 1.3):
+            logits = torch.randn(4, 3, 64, generator=generator) * 4
+            logits[0] = logits[0].round()  # ties at the k-th value and in the cumulative sums
+            config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=scale)
+            guided = logits.float()
+            if scale > 1:
+                cond, uncond = guided.chunk(2)
+                guided = uncond + scale * (cond - uncond)
+            warpers = LogitsProcessorList(
+                ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p else [])
+            )
+            tempered = guided / temperature
+            expected = warpers(None, tempered.reshape(-1, 64)).reshape(tempered.shape).softmax(-1)
+            assert torch.equal(target_probs(logits, config), expected), (scale, temperature)

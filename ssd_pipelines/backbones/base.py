@@ -180,6 +180,7 @@ class ImageBackbone(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot compile its passes.")
 
     passes_compiled: bool = False
+    pass_owner = None  # the thread compiled calls run on (`compiled.PassOwner`); None: the caller's
     static_passes: bool = False  # passes over the image take static shapes (`compile_passes` with dynamic=False)
 
     def state_full(

@@ -149,6 +149,11 @@ class CausalLMBackbone(ImageBackbone):
         return compiled is not None and compiled.forward.active
 
     @property
+    def pass_owner(self):
+        compiled = self._compiled_passes
+        return None if compiled is None else compiled.owner
+
+    @property
     def static_passes(self) -> bool:
         """Whether the passes over the image take static shapes (`compile_passes` with dynamic=False)."""
         compiled = self._compiled_passes

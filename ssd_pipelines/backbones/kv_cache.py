@@ -107,6 +107,7 @@ class PreallocatedCache(Cache):
             layer_class_to_replicate=lambda: PreallocatedLayer(capacity, state_full, f"cache.{next(layers)}")
         )
         self.norm_input: torch.Tensor | None = None
+        self.compile_key = ("cache", capacity)  # the compiled passes' specialization (`compiled.signature`)
 
 
 def preallocated_cache(capacity: int, state_full: StateFull | None = None) -> PreallocatedCache:

@@ -104,6 +104,12 @@ class FrontierRun(SlidingWindow):
         # positions, then one for each cell drafted before it.
         self.noise = NoiseTape(run.generator, batch, 5 * (W + 1) + W, device)
 
+    @property
+    def compile_key(self) -> tuple:
+        """What of this run's Python state its compiled steps read (`compiled.signature`)."""
+        settings = (self.window, self.max_checks, self.repropose, self.horizontal, self.draft_steps, self.ring)
+        return type(self).__name__, self.run.compile_key, settings, id(self.heads)
+
     def start(self) -> None:
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution

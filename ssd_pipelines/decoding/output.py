@@ -31,6 +31,11 @@ class DecodeStats:
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    # under `enable_compiled_passes`: calls of compiled passes and steps that ran compiled, that ran eagerly (their
+    # backend failed; `warnings` says why), and the graphs compiled during this call (0 once warm)
+    compiled_calls: int = 0
+    eager_calls: int = 0
+    graphs_compiled: int = 0
 
     @property
     def acceptance_per_round(self) -> list[float | None]:
@@ -55,3 +60,4 @@ class DecodeOutput:
     stats: DecodeStats
     final_round: torch.Tensor  # [B, R, C]
     hidden: torch.Tensor | None = None  # [B', R, C, d] pre-norm states predicting each cell, when recorded
+    warnings: list[str] = field(default_factory=list)  # one sentence each: a fallback to eager, a recompile

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from ..sampling import RandomSource, SamplingConfig, random_source, sample, target_probs
+from ..sampling import RandomSource, SamplingConfig, SamplingTensors, random_source, sample, target_probs
 from .block import Block
 from .output import UNDECODED, DecodeOutput, DecodeStats
 
@@ -36,6 +36,7 @@ class DecodeRun:
         self.prompts: PromptBatch = prompts
         self.grid: ImageGrid = grid
         self.sampling: SamplingConfig = sampling
+        self.settings = SamplingTensors.of(sampling, backbone.device)  # what compiled steps read: never a recompile
         self.generator: RandomSource = random_source(generator, prompts.batch_size)
         self.callback = callback
         cells = (prompts.batch_size, grid.num_cells)
@@ -44,10 +45,25 @@ class DecodeRun:
         self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size, chosen_decoding=strategy_name)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False
+        self.warnings: list[str] = []  # for the caller to show (`DecodeOutput.warnings`)
+
+    @property
+    def compile_key(self) -> tuple:
+        """What of this call's Python state compiled steps read (`compiled.signature`): one specialization each."""
+        settings = self.settings
+        return (
+            self.prompts.batch_size,
+            self.prompts.guidance,
+            self.grid,
+            settings.greedy,
+            settings.top_k is None,
+            settings.top_p_floor is None,
+            type(self.backbone),
+        )
 
     def probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden states [B', ..., d] -> target distributions [B, ..., K]."""
-        return target_probs(self.backbone.code_logits(hidden), self.sampling)
+        return target_probs(self.backbone.code_logits(hidden), self.settings)
 
     def sample(self, probs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
         """One code per distribution [B, ..., K] -> [B, ...]; for flattened cells [n, K], images [n] says whose each
@@ -114,5 +130,5 @@ class DecodeRun:
             None if self.hidden is None else self.hidden.view(-1, self.grid.rows, self.grid.cols, self.hidden.shape[-1])
         )
         return DecodeOutput(
-            self._committed_grid(self.codes), self.stats, self._committed_grid(self.final_round), hidden
+            self._committed_grid(self.codes), self.stats, self._committed_grid(self.final_round), hidden, self.warnings
         )

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, PromptBatch
+from ..backbones.compiled import CALL_REPORT, CompileReport
 from ..sampling import RandomSource, SamplingConfig
 from .catalog import DECODINGS
 from .options import DecodingOption
@@ -66,15 +67,39 @@ class DecodingStrategy(ABC):
                 f"{'with' if sampling.uses_guidance else 'without'} unconditional rows: encode the prompts with "
                 f"guidance={sampling.uses_guidance}."
             )
+        owner = backbone.pass_owner  # compiled passes run on their model's one owning thread
+        if owner is None:
+            return self._decode_call(backbone, prompts, sampling, generator, callback, grid)
+        return owner.run(
+            lambda relayed: self._decode_call(backbone, prompts, sampling, generator, relayed, grid), callback
+        )
+
+    def _decode_call(self, backbone, prompts, sampling, generator, callback, grid) -> DecodeOutput:
         run = DecodeRun(backbone, prompts, grid or backbone.grid, sampling, generator, callback, self.name)
         run.stats.round_cap = self.round_cap
         started = time.perf_counter()
-        with torch.inference_mode():
-            self._decode(run)
+        report = CompileReport()
+        token = CALL_REPORT.set(report)  # this call's, in its own context: concurrent calls keep theirs
+        try:
+            with torch.inference_mode():
+                self._decode(run)
+        finally:
+            CALL_REPORT.reset(token)
+        run.stats.compiled_calls, run.stats.eager_calls = report.compiled, report.eager
+        run.stats.graphs_compiled = report.graphs
+        run.warnings.extend(report.warnings)
         if run.codes.device.type == "cuda":
             torch.cuda.synchronize(run.codes.device)
         run.stats.seconds = time.perf_counter() - started
         return run.output()
+
+    @property
+    def compile_key(self) -> tuple:
+        """A strategy's settings, for the steps compiled as its methods (`compiled.signature`): numbers by value,
+        modules (its heads) by identity, as dynamo guards them."""
+        plain = (bool, int, float, str, type(None))
+        settings = sorted((k, v if isinstance(v, plain) else id(v)) for k, v in vars(self).items())
+        return type(self).__name__, tuple(settings)
 
     @property
     def round_cap(self) -> int | None:
