@@ -110,6 +110,16 @@ class FrontierRun(SlidingWindow):
         settings = (self.window, self.max_checks, self.repropose, self.horizontal, self.draft_steps, self.ring)
         return type(self).__name__, self.run.compile_key, settings, id(self.heads)
 
+    can_read_late = True
+
+    def ahead(self, known: Progress) -> Progress:
+        """A pass moves a frontier by at most W positions, so the next pass attends at most W further than `known`
+        says; an image drafts at most its window, and drafting more steps, or from the first row, than it needs
+        changes nothing (each step drafts what is valid and missing). `done` and `final` only grow: the callback
+        and the stop rule learn a pass late."""
+        furthest = min(known.furthest + self.window, self.grid.sequence_length)
+        return Progress(known.done, known.final, furthest, self.window)
+
     def start(self) -> None:
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution

@@ -9,13 +9,16 @@ in what they keep of a pass (docs/decoding.md, "Two engines").
 
 The loop reads the host once a pass (`Progress`): whether to stop, which rows are
 final for the callback, how far the next pass attends, and how many cells an
-image drafts. Everything else stays on the device.
+image drafts. Everything else stays on the device. On a GPU the frontier engine
+reads it one pass late (`ProgressRead`, `SlidingWindow.ahead`), so that the host
+queues pass k + 1 while the device runs pass k.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -32,6 +35,26 @@ class Progress:
     final: int  # the earliest last final position of any image: rows up to it go to the callback
     furthest: int  # the most positions any image has committed: how far the next pass attends
     to_draft: int  # the most cells any image has to draft before the next pass
+
+
+class ProgressRead:
+    """`Progress` on its way to the host: on CUDA copied into pinned memory behind the queued work, with an event,
+    so that asking for it does not wait; `result` waits for the copy (and for the work queued before it) alone."""
+
+    def __init__(self, values: torch.Tensor):
+        self.event = None
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(values.device))
+            values = host
+        self.values = values
+
+    def result(self) -> Progress:
+        if self.event is not None:
+            self.event.synchronize()
+        return Progress(*self.values.tolist())
 
 
 @dataclass(frozen=True)
@@ -61,15 +84,34 @@ class SlidingWindow(ABC):
         self.rounds = RoundCounter(grid.sequence_length + 2, device, full)  # every pass finalises a token: 1 + S passes
 
     def decode(self) -> None:
-        run = self.run
+        """The loop, reading the host once a pass. Read late, a pass is queued on what the device said before the
+        pass queued last (`ahead`), so the host never waits for the pass the device is running; the loop then
+        stops one pass late, and the last pass idles (finished images change nothing)."""
+        run, late = self.run, self.reads_progress_late
         self.start()
+        pending = ProgressRead(self.progress_values())
+        known = pending.result()
         while True:
-            progress = self.progress()  # the pass's one read of the host
-            run.rows_final(progress.final)
-            if run.stopped or progress.done >= self.grid.sequence_length:
+            run.rows_final(known.final)
+            if run.stopped or known.done >= self.grid.sequence_length:
                 break
-            self.step(progress)
+            self.step(self.ahead(known) if late else known)
+            newest = ProgressRead(self.progress_values())  # the pass's one read of the host
+            known, pending = (pending if late else newest).result(), newest
         self.rounds.write_to(run.stats)
+
+    @property
+    def reads_progress_late(self) -> bool:
+        """Whether the loop reads `Progress` one pass late: on CUDA (on a CPU the host runs the kernels itself, and
+        nothing is gained), for an engine whose `ahead` says how."""
+        return self.can_read_late and self.run.codes.device.type == "cuda"
+
+    can_read_late: ClassVar[bool] = False
+
+    def ahead(self, known: Progress) -> Progress:
+        """A `Progress` the next pass may run on when `known` is a pass old (the pass since may have moved every
+        frontier): bounds under which the pass gives the codes an exact read gives."""
+        raise NotImplementedError(f"{type(self).__name__} reads its progress as each pass ends.")
 
     @abstractmethod
     def start(self) -> None:
@@ -87,11 +129,9 @@ class SlidingWindow(ABC):
         """Per image, how many cells it drafts before the next pass [B]; engines that draft by the host's count say."""
         return torch.zeros_like(self.done)
 
-    def progress(self) -> Progress:
-        values = torch.stack(
-            [self.done.min(), self.last_final().min(), self.done.max(), self.cells_to_draft().max()]
-        ).tolist()
-        return Progress(*values)
+    def progress_values(self) -> torch.Tensor:
+        """`Progress` as a device tensor [4], for `ProgressRead`."""
+        return torch.stack([self.done.min(), self.last_final().min(), self.done.max(), self.cells_to_draft().max()])
 
     @property
     def starts(self) -> torch.Tensor:
