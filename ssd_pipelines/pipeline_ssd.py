@@ -230,9 +230,9 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         By default dynamic=True: one compilation serves the passes of every width and batch. With dynamic=False, and
         by default with CUDA graphs (mode="reduce-overhead" or "max-autotune", or inductor's "triton.cudagraphs"),
         the passes over the image and the steps take static shapes, so that one graph serves every pass of a width
-        (`CausalLMBackbone.compile_passes`), and prompts are padded to a multiple of 32 tokens. Under CUDA graphs each
-        thread keeps the state its last call's graphs wrote (KV cache, codes), so that the next call of its shapes
-        replays them; disabling frees it.
+        (`CausalLMBackbone.compile_passes`), and prompts are padded to a multiple of 32 tokens. Under CUDA graphs the
+        model's runner keeps the state its last call's graphs wrote (KV cache, codes) in one workspace, so that the
+        next call of its shapes replays them; disabling frees it (`backbones/runner.py`).
 
         Opt-in, as diffusers leaves `torch.compile` to its users, and for GPUs: on a CPU it does not pay, and
         inductor there warns so. On the reference model, one thread, the first `auto` call compiled for 149 s and

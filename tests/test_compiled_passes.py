@@ -38,14 +38,14 @@ def test_compiled_passes_give_the_codes_of_eager_ones():
     calls = [(decoding, options, temperature) for decoding, options in CALLS for temperature in (1.0, 0.0)]
     eager = [codes(pipe, *call) for call in calls]
     pipe.enable_compiled_passes()
-    assert pipe.image_backbone.passes_compiled  # kept on the decoder: every adapter of the pipeline sees it
+    assert pipe.image_backbone.runner.active  # kept on the decoder: every adapter of the pipeline sees it
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback: the compiled passes ran
         compiled = [codes(pipe, *call) for call in calls]
     for call, expected, got in zip(calls, eager, compiled):
         assert torch.equal(got, expected), call
     pipe.disable_compiled_passes()
-    assert not pipe.image_backbone.passes_compiled
+    assert not pipe.image_backbone.runner.active
 
 
 def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
@@ -68,7 +68,7 @@ def test_a_pass_the_backend_cannot_compile_runs_eagerly_and_says_so_once():
     said = [str(w.message) for w in seen if "could not compile this backbone's pass" in str(w.message)]
     assert len(said) == 1 and "from now on it runs eagerly" in said[0], [str(w.message) for w in seen]
     assert torch.equal(fallen_back, eager) and torch.equal(again, eager)
-    assert not pipe.image_backbone.passes_compiled
+    assert not pipe.image_backbone.runner.active
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_exact_on_compiled_passes_samples_the_ar_distribution(one_thread):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         g = measure(ExactDecoding(heads, window=4), backbone, sampling, 30_000, 7, probs).g
-    assert backbone.passes_compiled and g.passes, g
+    assert backbone.runner.active and g.passes, g
 
 
 def test_static_passes_take_one_graph_a_width_and_give_eager_codes():
@@ -101,7 +101,7 @@ def test_static_passes_take_one_graph_a_width_and_give_eager_codes():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # the graphs counted below are this test's
     pipe.enable_compiled_passes(dynamic=False, backend="aot_eager")
-    assert pipe.image_backbone.static_passes
+    assert pipe.image_backbone.runner.static
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         static = [codes(pipe, decoding, options, 1.0) for decoding, options in CALLS]
@@ -239,9 +239,9 @@ def test_cuda_graphs_however_asked_for_take_static_passes_and_held_state(options
     pipe = tiny_pipeline()
     pipe.enable_compiled_passes(**options)
     backbone = pipe.image_backbone
-    assert backbone.static_passes == graphs
-    first = backbone.state_full("codes", (2, 3), -1, torch.long)
-    second = backbone.state_full("codes", (2, 3), 0, torch.long)
+    assert backbone.runner.static == graphs
+    first = backbone.runner.full("codes", (2, 3), -1, torch.long, backbone.device)
+    second = backbone.runner.full("codes", (2, 3), 0, torch.long, backbone.device)
     assert (first.data_ptr() == second.data_ptr()) == graphs  # held: the next call writes where the last one did
     assert torch.equal(second, torch.zeros(2, 3, dtype=torch.long))
     pipe.disable_compiled_passes()
@@ -252,7 +252,7 @@ def test_cuda_graphs_with_dynamic_shapes_are_refused(options):
     pipe = tiny_pipeline()
     with pytest.raises(ValueError, match="every pass would record a graph of its own: pass dynamic=False"):
         pipe.enable_compiled_passes(dynamic=True, **options)
-    assert not pipe.image_backbone.passes_compiled  # nothing was half set up
+    assert not pipe.image_backbone.runner.active  # nothing was half set up
 
 
 @pytest.mark.parametrize("drafter", ["cell", "recurrent"])
@@ -319,7 +319,7 @@ def test_compiled_calls_from_many_threads_run_on_one_owner_and_each_give_their_s
 
     with ThreadPoolExecutor(len(seeds)) as pool:
         together = [f.result() for f in [pool.submit(in_a_thread, seed) for seed in seeds]]
-    owner = pipe.image_backbone.pass_owner.thread.name
+    owner = pipe.image_backbone.runner.owner.thread.name
     for seed, alone, (thread, out) in zip(seeds, eager, together):
         assert torch.equal(out.codes, alone), seed
         assert out.stats["graphs_compiled"] == 0 and out.stats["compiled_calls"] > 0, seed
@@ -390,7 +390,7 @@ def test_a_pipeline_moved_to_another_dtype_compiles_again_and_gives_eager_codes(
         warnings.simplefilter("error", RuntimeWarning)
         moved = codes(pipe, "exact", {}, 1.0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # the float32 graphs fail their guards
-    assert pipe.image_backbone.passes_compiled and pipe.image_backbone.dtype == torch.float64
+    assert pipe.image_backbone.runner.active and pipe.image_backbone.dtype == torch.float64
     assert torch.equal(moved, codes_eagerly(pipe))
     pipe.disable_compiled_passes()
 
@@ -398,7 +398,7 @@ def test_a_pipeline_moved_to_another_dtype_compiles_again_and_gives_eager_codes(
 def codes_eagerly(pipe):
     """`exact`'s codes with the compiled passes set aside for the call."""
     backbone = pipe.image_backbone
-    options = backbone._compiled_passes.options
+    options = backbone.runner.options
     pipe.disable_compiled_passes()
     try:
         return codes(pipe, "exact", {}, 1.0)

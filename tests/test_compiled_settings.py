@@ -61,8 +61,8 @@ def test_thirty_calls_of_varied_settings_run_compiled_on_bounded_graphs_and_give
         assert torch.equal(out.codes, expected), options
         assert out.warnings == [] and out.stats["eager_calls"] == 0, (options, out.warnings)
         assert out.stats["compiled_calls"] >= out.stats["forward_passes"] - 1, options  # all but the eager prefill
-    passes = pipe.image_backbone._compiled_passes
-    functions = [passes.forward, *passes.steps.values()]
+    runner = pipe.image_backbone.runner
+    functions = [runner.forward, *runner.steps.values()]
     specializations = sum(len(f.specializations) for f in functions)
     graphs = sum(f.graphs() for f in functions)
     assert graphs == specializations  # one graph a specialization: nothing compiled twice

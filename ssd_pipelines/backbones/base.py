@@ -14,10 +14,11 @@ tokens, Lumina-mGPT's image start and size tokens) is part of the prompt batch:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .runner import EAGER, EagerRunner
 
 
 @dataclass(frozen=True)
@@ -176,24 +177,13 @@ class ImageBackbone(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot run tokens at arbitrary positions.")
 
     def compile_passes(self, options: dict | None) -> None:
-        """Run the forward passes through `torch.compile(**options)`, or eagerly again with None."""
+        """Run the forward passes through `torch.compile(**options)`, or eagerly again with None (`runner`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot compile its passes.")
 
-    passes_compiled: bool = False
-    pass_owner = None  # the thread compiled calls run on (`compiled.PassOwner`); None: the caller's
-    static_passes: bool = False  # passes over the image take static shapes (`compile_passes` with dynamic=False)
-
-    def state_full(
-        self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device: torch.device | None = None
-    ) -> torch.Tensor:
-        """A call's state tensor that compiled steps write in place, filled with `fill`; `role` names it among the
-        call's state (`CausalLMBackbone.state_full` holds it where passes replay as CUDA graphs)."""
-        return torch.full(shape, fill, dtype=dtype, device=self.device if device is None else device)
-
-    def compiled(self, fn: Callable, what: str) -> Callable:
-        """An engine's step `fn`, through torch.compile where `compile_passes` asked for it (`what` names it in the
-        warning should the backend fail)."""
-        return fn
+    @property
+    def runner(self) -> EagerRunner:
+        """Who runs this model's work for the engines: state, steps, and the thread a call runs on (runner.py)."""
+        return EAGER
 
     @abstractmethod
     def memory_per_row(self, prompt_width: int, grid: ImageGrid) -> int:

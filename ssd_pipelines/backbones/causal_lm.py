@@ -11,7 +11,6 @@ hidden states *before* the final norm, taken from the same pass.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import torch
 import transformers
@@ -19,12 +18,13 @@ from packaging.version import Version
 from torch import nn
 
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from .compiled import CompiledPasses
+from .grouped_attention import fold_query_groups, restore_attention
 from .kv_cache import PreallocatedCache, preallocated_cache, write_rows_at
 from .prompts import left_padded_to_multiple, readable_chars
+from .runner import EAGER, CompiledRunner, EagerRunner
 
 _hook_lock = threading.Lock()
-COMPILED = "_ssd_compiled_passes"  # where a decoder keeps its `CompiledPasses` (`CausalLMBackbone.compile_passes`)
+COMPILED = "_ssd_compiled_passes"  # where a decoder keeps its `CompiledRunner` (`CausalLMBackbone.compile_passes`)
 
 
 def record_norm_input(_module: nn.Module, _args: tuple, kwargs: dict, output) -> None:
@@ -111,19 +111,19 @@ class CausalLMBackbone(ImageBackbone):
             "cache": state.cache,
             "use_cache": True,
         }
-        compiled = self._compiled_passes
-        if compiled is None or eager:
+        runner = self.runner
+        if runner is EAGER or eager:
             self.decoder(**inputs)
         else:  # a backend that fails runs it eagerly from then on, in the same shapes: the cache stays at its slots
-            compiled.forward(**inputs)
+            runner.forward(**inputs)
         hidden, state.cache.norm_input = state.cache.norm_input, None
-        if compiled is not None and not eager and compiled.cuda_graphs:
+        if runner.cuda_graphs and not eager:
             hidden = hidden.clone()  # set inside the graph: its next replay overwrites it (`compiled.py`)
         state.length += embeds.shape[1]
         return hidden.to(self.device)  # from the last layer's device to the final norm's, should a device map part them
 
     def compile_passes(self, options: dict | None) -> None:
-        """Run the decoder's passes, and the engines' steps that ask (`compiled`), through
+        """Run the decoder's passes, and the engines' steps that ask (`runner.step`), through
         `torch.compile(fn, **options)`, or eagerly again with None.
 
         With dynamic=False the passes over the image take static shapes: each attends over every image slot of the
@@ -136,57 +136,27 @@ class CausalLMBackbone(ImageBackbone):
         (`compiled.CompiledFunction`)."""
         if options is None:
             self.decoder.__dict__.pop(COMPILED, None)
+            restore_attention(self.decoder)
         else:
-            self.decoder.__dict__[COMPILED] = CompiledPasses(self.decoder.forward, options)
+            self.decoder.__dict__[COMPILED] = CompiledRunner(self.decoder.forward, options)
+            fold_query_groups(self.decoder)  # GQA attends over the cache unrepeated (`grouped_attention.py`)
 
     @property
-    def _compiled_passes(self) -> CompiledPasses | None:
-        return self.decoder.__dict__.get(COMPILED)
-
-    @property
-    def passes_compiled(self) -> bool:
-        compiled = self._compiled_passes
-        return compiled is not None and compiled.forward.active
-
-    @property
-    def pass_owner(self):
-        compiled = self._compiled_passes
-        return None if compiled is None else compiled.owner
-
-    @property
-    def static_passes(self) -> bool:
-        """Whether the passes over the image take static shapes (`compile_passes` with dynamic=False)."""
-        compiled = self._compiled_passes
-        return compiled is not None and compiled.static
-
-    def state_full(
-        self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device: torch.device | None = None
-    ) -> torch.Tensor:
-        """A call's state tensor that compiled steps write in place, filled with `fill`. Where the passes replay as
-        CUDA graphs it is this thread's held tensor for `role` (`compiled.HeldState`), at the address the graphs
-        recorded; otherwise a new one."""
-        compiled = self._compiled_passes
-        if compiled is None or not compiled.cuda_graphs:
-            return super().state_full(role, shape, fill, dtype, device)
-        return compiled.held.full(role, shape, fill, dtype, self.device if device is None else device)
-
-    def compiled(self, fn: Callable, what: str) -> Callable:
-        """An engine's step `fn` through torch.compile with the passes' options, or `fn` when they run eagerly."""
-        compiled = self._compiled_passes
-        return fn if compiled is None else compiled.step(fn, what)
+    def runner(self) -> EagerRunner:
+        return self.decoder.__dict__.get(COMPILED, EAGER)
 
     @torch.no_grad()
     def prefill(self, prompts: PromptBatch) -> tuple[KVState, torch.Tensor]:
         padded = prompts.padded
         ids, mask = prompts.input_ids, prompts.attention_mask
-        if self.static_passes:  # the prompts' width sets the cache's and the masks' shapes: a few widths, few graphs
+        if self.runner.static:  # the prompts' width sets the cache's and the masks' shapes: a few widths, few graphs
             ids, mask = left_padded_to_multiple(ids, mask, STATIC_PROMPT_MULTIPLE)
             padded = padded or ids.shape[1] > prompts.input_ids.shape[1]
         ids, mask = ids.to(self.device), mask.to(self.device)
         grid = prompts.grid or self.grid
         width = ids.shape[1]
         state = KVState(  # the cache holds at most the prompt and the whole image sequence
-            cache=preallocated_cache(width + grid.sequence_length, self.state_full),
+            cache=preallocated_cache(width + grid.sequence_length, self.runner.full),
             prompt_mask=mask if padded else None,
             prompt_lengths=mask.sum(dim=1, keepdim=True),
             prompt_width=width,
@@ -200,7 +170,7 @@ class CausalLMBackbone(ImageBackbone):
         if padded:
             causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
             attention_mask = self._additive(causal & mask.bool()[:, None, :])  # [B', 1, P, P]
-        hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask, eager=self.static_passes)
+        hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask, eager=self.runner.static)
         return state, hidden[:, -1]
 
     def embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
@@ -212,7 +182,7 @@ class CausalLMBackbone(ImageBackbone):
         generated = state.length - state.prompt_width  # image tokens already in the cache
         n = embeds.shape[1]
         positions = torch.arange(generated, generated + n, device=embeds.device)  # [n]
-        if self.static_passes:  # at their own slots, attending over all of them: the shapes of every such pass
+        if self.runner.static:  # at their own slots, attending over all of them: the shapes of every such pass
             visible = torch.arange(state.image_slots, device=embeds.device) <= positions[:, None]  # [n, S]
             rows = embeds.shape[0]
             hidden = self.extend_at(state, embeds, positions.expand(rows, -1), visible.expand(rows, -1, -1))
@@ -227,7 +197,7 @@ class CausalLMBackbone(ImageBackbone):
     @torch.no_grad()
     def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
         positions = starts[:, None] + torch.arange(embeds.shape[1], device=embeds.device)  # [B', n]
-        slots = torch.arange(state.image_slots if self.static_passes else length, device=embeds.device)
+        slots = torch.arange(state.image_slots if self.runner.static else length, device=embeds.device)
         # causal, and blind to uncommitted slots beyond: [B', n, T]
         return self.extend_at(state, embeds, positions, slots <= positions[..., None])
 

@@ -1,14 +1,11 @@
-"""torch.compile for a pipeline's passes and drafting steps, with eager as the reference (issue 39, part 3).
+"""torch.compile for a model's passes and the engines' steps, with eager as the reference: what a `CompiledRunner`
+(runner.py) runs its work through.
 
-`pipe.enable_compiled_passes(**options)` leaves one `CompiledPasses` on the backbone's decoder module, which
-every adapter of the pipeline shares: the forward pass, and each engine step that asks for it (`compiled`),
-run through `torch.compile(fn, **options)`. A function the backend cannot compile runs eagerly from then on,
-said once in `warnings`: capture never crashes a call.
-
-Under CUDA graphs (mode="reduce-overhead" or "max-autotune") inductor replays a graph over the addresses it was
-recorded with, and each replay writes its outputs into the same memory. So two rules hold there: a tensor a graph
-writes in place is held at a fixed address from call to call (`HeldState`), and what a graph returns is cloned
-before the next one runs (`CompiledFunction`), never kept (docs/decoding.md, "Compiled passes").
+Each function is compiled once per shape of calls, over a code object of its own, with fullgraph=True
+(`Specialization`); a call reports what ran compiled, eagerly or was compiled anew in its `CompileReport`. A
+function the backend cannot compile runs eagerly for those shapes from then on, said in each call's warnings:
+capture never crashes a call. Under CUDA graphs what a graph returns is cloned before the next one runs, never kept
+(docs/decoding.md, "Compiled passes"); every compiled call runs on the model's one owning thread (`PassOwner`).
 """
 
 from __future__ import annotations
@@ -32,29 +29,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 def uses_cuda_graphs(options: dict) -> bool:
     """Whether torch.compile with `options` replays its graphs as CUDA graphs (on a GPU): by mode, or by inductor's
     own switch. Their outputs are then overwritten by the next replay, and what they write in place must be held at
-    fixed addresses (`HeldState`)."""
+    fixed addresses (`runner.Workspace`)."""
     return options.get("mode") in CUDA_GRAPH_MODES or bool(options.get("options", {}).get("triton.cudagraphs"))
-
-
-class HeldState(threading.local):
-    """Per thread, the state compiled graphs write in place, kept from one call to the next.
-
-    A CUDA graph replays over the addresses it was recorded with: a tensor it writes must be a static input (or
-    inductor runs the graph without one), and a call whose state sits elsewhere records the graph anew, each
-    recording kept (inductor's trees never drop one). So a call takes its state from here: the next call of the same
-    shapes in the same thread writes where the last one did and replays. Threads hold their own (two calls never
-    share state), one tensor a role: a call of other shapes replaces it."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
-
-    def full(self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        held = self.tensors.get(role)
-        if held is None or held.shape != shape or held.dtype != dtype or held.device != torch.device(device):
-            held = torch.empty(shape, dtype=dtype, device=device)
-            torch._dynamo.mark_static_address(held, guard=False)  # an address change re-records, never recompiles
-            self.tensors[role] = held
-        return held.fill_(fill)
 
 
 @dataclass
@@ -232,36 +208,3 @@ class PassOwner:
         if error is not None:
             raise error
         return future.result()
-
-
-class CompiledPasses:
-    """What `enable_compiled_passes` asked for: the options, the compiled forward, the steps compiled so far."""
-
-    def __init__(self, forward: Callable, options: dict):
-        if uses_cuda_graphs(options) and options.get("dynamic"):
-            raise ValueError(
-                "CUDA graphs replay one shape each, and with dynamic=True the passes over the image grow with the "
-                "key/value cache, so every pass would record a graph of its own: pass dynamic=False, or leave it "
-                "unset (enable_compiled_passes then takes static passes under CUDA graphs)."
-            )
-        self.options = options
-        self.forward = CompiledFunction(forward, options, "this backbone's pass", self.cuda_graphs)
-        self.steps: dict[Callable, CompiledFunction] = {}
-        self.held = HeldState()
-        self.owner = PassOwner()
-
-    @property
-    def static(self) -> bool:
-        """Passes over the image take static shapes (dynamic=False): one graph serves every pass of a width."""
-        return self.options.get("dynamic") is False
-
-    @property
-    def cuda_graphs(self) -> bool:
-        return uses_cuda_graphs(self.options)
-
-    def step(self, fn: Callable, what: str) -> CompiledFunction:
-        """`fn` compiled with the passes' options, made once (dict.setdefault is atomic: threads share one)."""
-        known = self.steps.get(fn)
-        if known is None:
-            known = self.steps.setdefault(fn, CompiledFunction(fn, self.options, what, self.cuda_graphs))
-        return known

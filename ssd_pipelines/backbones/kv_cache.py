@@ -29,8 +29,8 @@ class PreallocatedLayer(DynamicLayer):
     """A `DynamicLayer` whose `keys`/`values` are views into buffers of `capacity` positions."""
 
     def __init__(self, capacity: int, state_full: StateFull | None = None, role: str = "cache"):
-        """state_full(role, shape, fill, dtype, device): where the buffers come from (the backbone's, which holds
-        them from call to call where passes replay as CUDA graphs); default: new ones."""
+        """state_full(role, shape, fill, dtype, device): where the buffers come from (the runner's `full`, which
+        holds them from call to call where passes replay as CUDA graphs); default: new ones."""
         super().__init__()
         self.capacity = max(1, capacity)
         self.state_full, self.role = state_full, role

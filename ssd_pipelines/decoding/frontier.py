@@ -98,7 +98,7 @@ class FrontierRun(SlidingWindow):
         self.q: torch.Tensor | None = None  # [B, ring + 1, K]
         self.hidden: torch.Tensor | None = None  # [B', N, d]: latest hidden state predicting each cell
         batch = run.prompts.batch_size
-        full = run.backbone.state_full  # state the compiled steps write in place
+        full = run.runner.full  # state the compiled steps write in place
         self.passed = full("frontier.passed", (batch, grid.num_cells), False, torch.bool, device)  # hidden from a pass
         # A pass's noise: acceptance, residual and fresh draws and two for re-proposals at each of its W + 1
         # positions, then one for each cell drafted before it.
@@ -124,7 +124,7 @@ class FrontierRun(SlidingWindow):
         run, grid = self.run, self.grid
         self.state, h_first = run.prefill()  # [B', d]: the first cell's exact distribution
         p_first = run.probs(h_first)  # [B, K]
-        full, device = run.backbone.state_full, p_first.device
+        full, device = run.runner.full, p_first.device
         self.q = full(
             "frontier.q", (run.prompts.batch_size, self.ring + 1, p_first.shape[-1]), 0, p_first.dtype, device
         )
@@ -149,7 +149,7 @@ class FrontierRun(SlidingWindow):
         embeds = run.embed_positions(window.codes[:, :W], window.cells[:, :W])
         out = run.backbone.extend_rows(self.state, embeds, self.both(window.positions[:, 0]), self.attended(progress))
         run.count_pass(W)
-        run.backbone.compiled(FrontierRun._verify, "the verification step")(self, window, out, noise)
+        run.runner.step(FrontierRun._verify, "the verification step")(self, window, out, noise)
 
     def _verify(self, window: Window, out: torch.Tensor, noise: tuple[torch.Tensor, ...]) -> None:
         """What a pass's outputs [B', W, d] decide: verify, advance the frontier, re-propose. One step of tensors
@@ -247,12 +247,12 @@ class FrontierRun(SlidingWindow):
             return
         cells, missing = self.missing()
         slot = torch.where(missing, torch.arange(self.window, device=cells.device), self.window)
-        width = self.window if self.run.backbone.static_passes else count
+        width = self.window if self.run.runner.static else count
         order = slot.sort(dim=1).values[:, :width]  # [B, n]: window index of each image's j-th missing cell
         valid = (order < self.window) & (torch.arange(width, device=cells.device) < count)
         cells = torch.where(valid, cells.gather(1, order.clamp_max(self.window - 1)), 0)  # cell 0 is never drafted
         first_row = progress.done < self.grid.cols  # some image's window may reach into the first row
-        step = self.run.backbone.compiled(FrontierRun._draft_step, "the drafting step")
+        step = self.run.runner.step(FrontierRun._draft_step, "the drafting step")
         for _ in range(count if self.drafter.left_codes else self.draft_steps):
             step(self, cells, valid, noise[:, :width], first_row)
 

@@ -15,7 +15,7 @@ from .output import DecodeStats
 class RoundCounter:
     def __init__(self, most_rounds: int, device: torch.device, state_full) -> None:
         """most_rounds: a bound on any cell's verifications (a frontier moves every pass: the passes' bound).
-        state_full: the backbone's, which makes the state compiled steps write in place."""
+        state_full: the runner's `full`, which makes the state compiled steps write in place."""
         self.drafted = state_full("rounds.drafted", (most_rounds,), 0, torch.long, device)
         self.accepted = state_full("rounds.accepted", (most_rounds,), 0, torch.long, device)
         self.reached = 0  # rounds that `add_round` ran: they have an entry even when they verified no drafted cell

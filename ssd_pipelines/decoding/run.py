@@ -40,8 +40,10 @@ class DecodeRun:
         self.generator: RandomSource = random_source(generator, prompts.batch_size)
         self.callback = callback
         cells = (prompts.batch_size, grid.num_cells)
-        self.codes = backbone.state_full("codes", cells, UNDECODED, torch.long)  # written in place by compiled steps
-        self.final_round = backbone.state_full("final_round", cells, UNDECODED, torch.long)  # see DecodeOutput
+        self.runner = backbone.runner  # who runs the passes and the steps (`backbones/runner.py`)
+        device = backbone.device
+        self.codes = self.runner.full("codes", cells, UNDECODED, torch.long, device)  # written in place by steps
+        self.final_round = self.runner.full("final_round", cells, UNDECODED, torch.long, device)  # see DecodeOutput
         self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size, chosen_decoding=strategy_name)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False

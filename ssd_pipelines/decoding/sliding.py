@@ -78,7 +78,7 @@ class SlidingWindow(ABC):
         self.cell_at = cells_by_position(grid, device)
         batch = run.prompts.batch_size
         self.images = torch.arange(batch, device=device)
-        full = run.backbone.state_full  # state the compiled steps write in place
+        full = run.runner.full  # state the compiled steps write in place
         self.done = full("window.done", (batch,), 0, torch.long, device)  # [B] committed positions
         self.verifications = full("window.verifications", (batch, grid.num_cells), 0, torch.long, device)
         self.rounds = RoundCounter(grid.sequence_length + 2, device, full)  # every pass finalises a token: 1 + S passes

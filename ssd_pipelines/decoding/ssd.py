@@ -118,7 +118,7 @@ class SSDDecoding(DecodingStrategy):
         state, h_next = run.prefill()  # h_next: [B', d], predicts the first cell of the next block
         blocks = self.plan_blocks(run.grid)
         most_rounds = max(self.max_rounds(block) for block in blocks)
-        rounds = RoundCounter(most_rounds, run.codes.device, run.backbone.state_full)
+        rounds = RoundCounter(most_rounds, run.codes.device, run.runner.full)
         # z of the last committed row, [h; e]: [B', C, d_h] and [B', C, d_e]
         row_hidden = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.hidden_size)
         row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
@@ -167,7 +167,7 @@ class SSDDecoding(DecodingStrategy):
         step compiled with the passes); the first cell is drawn from its exact distribution (h_next). Every q is
         what its code was drawn from. noise: [B, n], one draw per cell."""
         cols = run.grid.cols
-        draft_row = run.backbone.compiled(SSDDecoding._draft_row, "the row-drafting step")
+        draft_row = run.runner.step(SSDDecoding._draft_row, "the row-drafting step")
         codes, qs = [], []
         for dy in range(1, block.last_row - block.first_row + 2):
             first = h_next if dy == 1 else None

@@ -67,10 +67,8 @@ class DecodingStrategy(ABC):
                 f"{'with' if sampling.uses_guidance else 'without'} unconditional rows: encode the prompts with "
                 f"guidance={sampling.uses_guidance}."
             )
-        owner = backbone.pass_owner  # compiled passes run on their model's one owning thread
-        if owner is None:
-            return self._decode_call(backbone, prompts, sampling, generator, callback, grid)
-        return owner.run(
+        # compiled passes run on their model's one owning thread, the callback relayed to this one
+        return backbone.runner.run(
             lambda relayed: self._decode_call(backbone, prompts, sampling, generator, relayed, grid), callback
         )
 
