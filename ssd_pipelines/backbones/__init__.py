@@ -3,6 +3,7 @@
 from transformers import (
     ChameleonForConditionalGeneration,
     Emu3ForConditionalGeneration,
+    GlmImageForConditionalGeneration,
     JanusForConditionalGeneration,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -11,6 +12,7 @@ from transformers import (
 from .base import ImageBackbone, ImageGrid, KVState, PromptBatch
 from .causal_lm import CausalLMBackbone
 from .emu3 import Emu3Backbone
+from .glm_image import GlmImageBackbone, GlmImagePromptBatch
 from .janus import JanusProBackbone
 from .llama_grid import GridTokens, LlamaGridBackbone
 from .lumina_mgpt import LuminaMGPTBackbone
@@ -20,6 +22,7 @@ ADAPTERS: dict[type[PreTrainedModel], type[ImageBackbone]] = {
     JanusForConditionalGeneration: JanusProBackbone,
     Emu3ForConditionalGeneration: Emu3Backbone,
     ChameleonForConditionalGeneration: LuminaMGPTBackbone,
+    GlmImageForConditionalGeneration: GlmImageBackbone,
 }
 
 
@@ -45,6 +48,8 @@ __all__ = [
     "ADAPTERS",
     "CausalLMBackbone",
     "Emu3Backbone",
+    "GlmImageBackbone",
+    "GlmImagePromptBatch",
     "GridTokens",
     "ImageBackbone",
     "ImageGrid",

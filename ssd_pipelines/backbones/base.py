@@ -92,10 +92,11 @@ class KVState:
 
     cache: object  # the model's cache object (a transformers `Cache` for HF models)
     prompt_mask: torch.Tensor | None  # [B', P]; None when no row is padded
-    prompt_lengths: torch.Tensor  # [B', 1] tokens of each row that are not padding
+    image_offset: torch.Tensor  # [B', 1] each row's position of its first image token: its prompt's length past padding
     prompt_width: int  # P
     length: int  # tokens in the cache, padding included
     image_slots: int = 0  # S: the cache's room for the image sequence past the prompt
+    grid: ImageGrid | None = None  # the grid the image sequence lays out (an M-RoPE model positions its cells by it)
 
 
 class ImageBackbone(ABC):

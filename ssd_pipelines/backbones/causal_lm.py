@@ -155,23 +155,32 @@ class CausalLMBackbone(ImageBackbone):
         ids, mask = ids.to(self.device), mask.to(self.device)
         grid = prompts.grid or self.grid
         width = ids.shape[1]
+        position_ids, image_offset = self.prompt_positions(prompts, mask)
         state = KVState(  # the cache holds at most the prompt and the whole image sequence
             cache=preallocated_cache(width + grid.sequence_length, self.runner.full),
             prompt_mask=mask if padded else None,
-            prompt_lengths=mask.sum(dim=1, keepdim=True),
+            image_offset=image_offset,
             prompt_width=width,
             length=0,
             image_slots=grid.sequence_length,
+            grid=grid,
         )
-        # Left padding: each row's real tokens take positions 0..len-1; the padding is masked out, by a 4-D mask
-        # (transformers would read a 2-D one on the host).
-        position_ids = (mask.cumsum(dim=1) - 1).clamp_min(0)
         attention_mask = None
         if padded:
             causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
             attention_mask = self._additive(causal & mask.bool()[:, None, :])  # [B', 1, P, P]
         hidden = self._run(self.embed_prompt(ids), state, position_ids, attention_mask, eager=self.runner.static)
         return state, hidden[:, -1]
+
+    def prompt_positions(self, prompts: PromptBatch, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position ids of the prompt tokens [B', P] (mask: the batch's, padded as the prefill runs it) and of each
+        row's first image token [B', 1]. Left padding: each row's real tokens take positions 0..len-1; the padding is
+        masked out, by a 4-D mask (transformers would read a 2-D one on the host)."""
+        return (mask.cumsum(dim=1) - 1).clamp_min(0), mask.sum(dim=1, keepdim=True)
+
+    def image_positions(self, state: KVState, positions: torch.Tensor) -> torch.Tensor:
+        """Image positions [B', n] or [n] (0: the grid's first) -> the position ids the decoder takes."""
+        return state.image_offset + positions
 
     def embed_prompt(self, ids: torch.Tensor) -> torch.Tensor:
         """Prompt token ids [B', P] -> input embeddings; adapters with separate text embeddings override it."""
@@ -192,7 +201,7 @@ class CausalLMBackbone(ImageBackbone):
         if state.prompt_mask is not None:  # 4-D: transformers would read a 2-D padding mask on the host every pass
             visible = torch.arange(generated + n, device=embeds.device) <= positions[:, None]  # [n, T]: causal
             attention_mask = self._attention_mask(state, visible.expand(embeds.shape[0], -1, -1))
-        return self._run(embeds, state, state.prompt_lengths + positions, attention_mask)
+        return self._run(embeds, state, self.image_positions(state, positions), attention_mask)
 
     @torch.no_grad()
     def extend_rows(self, state: KVState, embeds: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -212,7 +221,7 @@ class CausalLMBackbone(ImageBackbone):
     ) -> torch.Tensor:
         slots = positions if slots is None else slots
         width = visible.shape[-1]
-        position_ids = state.prompt_lengths + positions  # [B', n]
+        position_ids = self.image_positions(state, positions)
         write_rows_at(state.cache, state.prompt_width + slots, state.prompt_width + width)
         hidden = self._run(embeds, state, position_ids, self._attention_mask(state, visible))
         state.length = state.prompt_width + width
