@@ -120,8 +120,17 @@ def median_seconds(step: Callable[[], None], device: torch.device, repeats: int,
 
 
 @torch.inference_mode()
-def measure(backbone: JanusProBackbone, heads: DraftHeads, images: int, prompt_tokens: int, repeats: int) -> dict:
-    """Seconds of prefill, AR step, row pass and row draft for a batch of `images` with guidance."""
+def measure(
+    backbone: JanusProBackbone,
+    heads: DraftHeads,
+    images: int,
+    prompt_tokens: int,
+    repeats: int,
+    fill: int | None = None,
+) -> dict:
+    """Seconds of prefill, AR step, row pass and row draft for a batch of `images` with guidance. The cache is filled
+    to half the image by passes of `fill` tokens (compiled passes: a row's, whose graph the row pass needs anyway, where
+    one pass of half the image would compile a graph of its own), or by one pass."""
     grid, device = backbone.grid, backbone.device
     generator = torch.Generator(device).manual_seed(0)
     rows = 2 * images  # conditional and unconditional
@@ -131,7 +140,10 @@ def measure(backbone: JanusProBackbone, heads: DraftHeads, images: int, prompt_t
     state, _ = backbone.prefill(batch)
     half = grid.num_cells // 2  # the cache holds the prompt and half the image, as mid-way through an image
     codes = torch.randint(0, grid.codebook_size, (images, grid.num_cells), generator=generator, device=device)
-    backbone.extend(state, grid_embeds(backbone, codes[:, :half], 0, half, guidance=True))
+    step = fill or half
+    for first in range(0, half, step):
+        end = min(first + step, half)
+        backbone.extend(state, grid_embeds(backbone, codes[:, first:end], first, end, guidance=True))
     start = state.length
 
     def pass_over(first: int, end: int) -> Callable[[], None]:

@@ -43,31 +43,70 @@ class Target:
         return {"target": self.what, "bound": self.bound, "value": value, "measured": measured, "met": met}
 
 
+PREFERRED = ("captured", "compiled", "eager")  # the order ratios and projections take their bare passes in
+WIDTHS = {"ar_step": "1-token pass", "row_pass": "row pass"}
+
+
+def first_measured(modes: dict, key: str) -> tuple[str, dict] | tuple[None, None]:
+    """(mode, figures) of the first mode, captured first (the pass that matters on a GPU), that measured `key`."""
+    for mode in PREFERRED:
+        if modes.get(mode, {}).get(key):
+            return mode, modes[mode][key]
+    return None, None
+
+
+def per_bare_pass(decoding: dict, modes: dict) -> dict | None:
+    """A decoding's seconds a pass against the bare pass of its width (`ar`: 1 token; `ssd`, `exact`: a row) of the
+    first mode that measured one, captured first, both modes named."""
+    mode, bare = first_measured(modes, "bare_passes")
+    if mode is None:
+        return None
+    width = "ar_step" if decoding["decoding"] == "ar" else "row_pass"
+    return {
+        "value": decoding["seconds_per_pass"] / bare[width],
+        "numerator": f"{decoding['mode']} {decoding['decoding']}, a pass",
+        "denominator": f"{mode} {WIDTHS[width]}",
+    }
+
+
+def recurrent_share(modes: dict) -> tuple[str, float | None]:
+    """(mode, share): the recurrent drafter's row against the row pass of the first mode, captured first, that timed
+    both."""
+    for mode in PREFERRED:
+        m = modes.get(mode, {})
+        if "recurrent" in m.get("drafters", {}) and m.get("bare_passes"):
+            return mode, m["drafters"]["recurrent"]["seconds_per_row"] / m["bare_passes"]["row_pass"]
+    return "captured", None
+
+
 def targets(results: dict, on_gpu: bool) -> list[dict]:
     """F: issue 39's targets against what ran; judged on a GPU only."""
     janus, projections = results["B"], results["C"].get("projections", [])
-    bare, drafters = janus.get("bare_passes", {}), janus.get("drafters", {})
+    modes = janus.get("modes", {})
+    decodings = [d for m in modes.values() for d in m.get("decodings", [])]
     reference = {(r["dtype"], r["decoding"], r["images"]): r for r in results["A"].get("runs", [])}
     rows = []
-    for r in janus.get("decodings", []):
-        width = "1-token" if r["bare_pass"] == "ar_step" else "row"
-        target = Target(f"7B: {r['decoding']} ({r['mode']}), a pass / the bare {width} pass", 1.25, "{:.2f}x")
-        rows.append(target.row(r["per_bare_pass"], on_gpu))
-    ar_step = bare.get("ar_step")
-    rows.append(Target("7B: the 1-token pass, 1 image (ms)", 8.5, "{:.2f} ms").row(ar_step and 1e3 * ar_step, on_gpu))
-    for r in janus.get("decodings", []):
-        if r["decoding"] == "ar":
-            rows.append(Target(f"7B: ar ({r['mode']}), one image (s)", 6.0, "{:.2f} s").row(r["seconds"], on_gpu))
+    for d in decodings:
+        ratio = d.get("per_bare_pass")
+        what = f"7B: {d['decoding']} ({d['mode']}), a pass / the {ratio['denominator'] if ratio else 'bare pass'}"
+        rows.append(Target(what, 1.25, "{:.2f}x").row(ratio and ratio["value"], on_gpu))
+    mode, bare = first_measured(modes, "bare_passes")
+    ar_step = bare and 1e3 * bare["ar_step"]
+    rows.append(
+        Target(f"7B: the 1-token pass ({mode or 'captured'}), 1 image (ms)", 8.5, "{:.2f} ms").row(ar_step, on_gpu)
+    )
+    cells = janus["grid"][0] * janus["grid"][1] if "grid" in janus else None
+    for d in decodings:
+        if d["decoding"] == "ar":
+            what = f"7B: ar ({d['mode']}), one image (s): its seconds a pass x {cells} cells"
+            rows.append(Target(what, 6.0, "{:.2f} s").row(d["seconds_per_pass"] * cells, on_gpu))
     r2 = next((p for p in projections if (p["source"], p["decoding"]) == ("paper", "ssd r=2")), None)
     what = (
         f"7B: ssd r=2 projected at {r2['ssd_passes'] if r2 else 80} passes (the paper's 80 on 24 x 24), one image (s)"
     )
     rows.append(Target(what, 1.4, "{:.2f} s").row(r2 and r2["ssd_seconds"], on_gpu))
-    recurrent = drafters.get("recurrent", {})
-    row = recurrent.get("seconds_per_row_compiled", recurrent.get("seconds_per_row"))
-    share = row / bare["row_pass"] if row and "row_pass" in bare else None
-    what = "7B: the recurrent drafter's row (compiled) / a row pass"
-    rows.append(Target(what, 0.25, "{:.0%}").row(share, on_gpu))
+    mode, share = recurrent_share(modes)
+    rows.append(Target(f"7B: the recurrent drafter's row / a row pass ({mode})", 0.25, "{:.0%}").row(share, on_gpu))
     ar = reference.get(("float32", "ar", 1))
     rows.append(
         Target("reference fp32: ar, ms a pass, 1 image", 1.5, "{:.2f} ms").row(ar and ar["ms_per_pass"], on_gpu)
@@ -102,11 +141,14 @@ def cpu_note() -> list[str]:
     return [
         "**These are CPU figures on tiny models, not GPU ones: no GPU was available where this file was made.**",
         "`--tiny` ran every section's code on the CPU: the Janus-Pro-7B shape shrunk to a tiny model in float32,",
-        "the reference model with one timed repeat and 2 images for 16. They check that the code paths run and",
-        'that greedy decodings agree; their seconds say nothing of a GPU. Every target awaits a GPU ("n/a (CPU)"',
-        "below): the 7B shape's cost per pass against the bare pass, its 1-token pass, `ar`'s seconds and projected",
-        "`ssd` r=2's for one image, the recurrent drafter's share of a row pass, the reference model's milliseconds",
-        "a pass for `ar` and bf16 `exact` against bf16 `ar`.",
+        "its `captured` and `compiled` modes traced by torch.compile's `eager` backend (no CUDA graphs, no",
+        "inductor: the path, not the speed; tests/test_benchmark_gpu.py compiles the captured passes with",
+        "inductor), the reference model with one timed repeat and 2 images for 16. They",
+        "check that the code paths run, the time boxes hold and greedy decodings agree; their seconds say nothing",
+        'of a GPU. Every target awaits a GPU ("n/a (CPU)" below): the 7B shape\'s cost per pass against the',
+        "captured bare pass, its 1-token pass, `ar`'s seconds and projected `ssd` r=2's for one image, the",
+        "recurrent drafter's share of a row pass, the reference model's milliseconds a pass for `ar` and bf16",
+        "`exact` against bf16 `ar`.",
         "",
         *GPU_HOWTO,
         "",
@@ -144,76 +186,149 @@ def reference_lines(res: dict, batches: tuple[int, int]) -> list[str]:
     return lines
 
 
-def janus_lines(res: dict, dtype: str) -> list[str]:
+def janus_lines(res: dict, dtype: str, tiny: bool) -> list[str]:
     if "grid" not in res:
-        return []
+        return box_lines(res)
     rows, cols = res["grid"]
     lines = [
         f"`JanusForConditionalGeneration` of Janus-Pro-7B's shape ({res['backbone_parameters']:,} parameters,",
-        f"{rows} x {cols} grid), random {dtype} weights (built in {res['build_seconds']} s), guidance batched (2 rows",
-        f"an image), one image, a {bs.PROMPT_TOKENS}-token prompt. Random weights make acceptance meaningless: compare",
-        "seconds per pass, not passes.",
+        f"{rows} x {cols} grid), random {dtype} weights (built in {res['build_seconds']} s; a 1-token pass reads",
+        f"{res['pass_bytes'] / 1e9:.3g} GB of them: the language model's layers and the image head), guidance",
+        f"batched (2 rows an image), one image, a {bs.PROMPT_TOKENS}-token prompt. Random weights make acceptance",
+        "meaningless: compare seconds per pass, not passes.",
         "",
+        "Modes, in the order they ran, each in a time box of its own: `captured` (the passes and the engines' steps",
+        "through `torch.compile` with static shapes, replayed as CUDA graphs:",
+        '`pipe.enable_compiled_passes(mode="reduce-overhead")`), `eager`, then `compiled` (dynamic shapes,',
+        "`pipe.enable_compiled_passes()`), last, so that a compile that runs out of time runs beside no timing.",
+        *(["With `--tiny` both compiled modes are traced by the `eager` backend."] if tiny else []),
+        "",
+        *box_lines(res),
     ]
-    bare = res.get("bare_passes")
-    if bare:
-        gb_per_s = bare["pass_bytes"] / bare["ar_step"] / 1e9
-        lines += [
-            "| bare pass (`backbone_speed.measure`) | ms |",
-            "|---|---|",
-            f"| prefill ({bs.PROMPT_TOKENS} prompt tokens) | {1e3 * bare['prefill']:.2f} |",
-            f"| 1 token (`ar_step`: extend + code logits) | {1e3 * bare['ar_step']:.2f} |",
-            f"| one row, {cols} tokens (`row_pass`) | {1e3 * bare['row_pass']:.2f} |",
-            f"| per-cell vertical heads over a row | {1e3 * bare['heads']:.2f} |",
-            "",
-            f"Bandwidth achieved by the 1-token pass: {bare['pass_bytes'] / 1e9:.3g} GB of weights (the language",
-            f"model's layers and the image head) in {1e3 * bare['ar_step']:.2f} ms = {gb_per_s:.3g} GB/s.",
-            "",
-        ]
-    if res.get("drafters"):
-        lines += [
-            "Each vertical drafter drafting one row (the second) and sampling its codes, as block `ssd` does it:",
-            "`SSDDecoding._draft_below` timed alone on random heads of this shape (an in-row drafter goes left to",
-            "right, a step a cell, each with the backbone's output head and a sample), eager and compiled (the row",
-            "one `torch.compile`d step, `SSDDecoding._draft_row`).",
-            "",
-            "| drafter | parameters | ms a row, eager | share of a row pass | ms a row, compiled | share |",
-            "|---|---|---|---|---|---|",
-        ]
-        for kind, d in res["drafters"].items():
-            eager, compiled = d["seconds_per_row"], d["seconds_per_row_compiled"]
-            shares = [f"{t / bare['row_pass']:.0%}" if bare else "-" for t in (eager, compiled)]
-            lines.append(
-                f"| {kind} | {d['parameters']:,} | {1e3 * eager:.2f} | {shares[0]} | {1e3 * compiled:.2f} | {shares[1]} |"
-            )
-        lines.append("")
-    if res.get("decodings"):
-        lines += [
-            "End to end, one image through the strategies' `decode()`, once each; a pass against the bare pass of its",
-            "width (`ar`: 1 token; `ssd`, `exact`: a row). Mode `compiled`: the backbone's passes and the engines'",
-            "steps between them (drafting, verification) through `torch.compile` (`pipe.enable_compiled_passes()`),",
-            "timed after a first decode that compiles. Mode `captured`: the same with static shapes, replayed as CUDA",
-            'graphs (`pipe.enable_compiled_passes(mode="reduce-overhead")`). With `--tiny`, both are traced with the',
-            "`eager` backend, which checks the path, not the speed.",
-            "",
-            "| mode | decoding | passes | seconds | ms / pass | / bare pass |",
-            "|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['mode']} | {r['decoding']} | {r['passes']} | {r['seconds']:.3f} | {r['ms_per_pass']:.2f} | "
-            f"{r['per_bare_pass']:.2f}x |"
-            for r in res["decodings"]
-        ]
-        lines.append("")
-    if "cudagraph_skips" in res:
-        lines += [
-            f"Graphs of the `captured` mode inductor ran without a CUDA graph: {res['cudagraph_skips']}. It skips one",
-            "that writes a tensor not held at a fixed address; the engine holds what its graphs write (docs/decoding.md,",
-            '"Captured passes"), so any skip is a regression, and `TORCH_LOGS=cudagraphs` names its reason. With',
-            "`--tiny` nothing is asked to be captured, so nothing is skipped.",
-            "",
-        ]
-    return lines
+    modes = res.get("modes", {})
+    return lines + bare_pass_lines(modes, cols) + decoding_lines(modes, res["rows"]) + drafter_lines(modes)
+
+
+def box_lines(res: dict) -> list[str]:
+    """B's time boxes: when each had to end, what it took, and how it ended."""
+    if not res.get("boxes"):
+        return []
+    lines = [
+        "Time boxes (`ssd_bench/gpu.py`): each has its seconds; one that ran out says what it abandoned, and the",
+        "boxes after it still ran.",
+        "",
+        "| box | allowed (s) | took (s) | status | began beside abandoned work |",
+        "|---|---|---|---|---|",
+    ]
+    for label, box in res["boxes"].items():
+        status = box["status"] if box["status"] == "done" else f"**{box['status']}**"
+        beside = ", ".join(box.get("beside_abandoned", [])) or "-"
+        lines.append(
+            f"| {label} | {box.get('allowed_seconds', '-')} | {box.get('seconds', '-')} | {status} | {beside} |"
+        )
+    return [*lines, ""]
+
+
+def bare_pass_lines(modes: dict, cols: int) -> list[str]:
+    measured = {mode: m["bare_passes"] for mode, m in modes.items() if m.get("bare_passes")}
+    if not measured:
+        return []
+    lines = [
+        "Bare passes (`backbone_speed.measure`: medians, the cache holding the prompt and half the image) in each",
+        "mode, and the bandwidth each achieves: the weights' bytes over its seconds, as gpt-fast prints it.",
+        "",
+        f"| mode | prefill ms | 1 token ms | one row ({cols} tokens) ms | per-cell heads ms | 1 token GB/s | row GB/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode, b in measured.items():
+        lines.append(
+            f"| {mode} | {1e3 * b['prefill']:.2f} | {1e3 * b['ar_step']:.2f} | {1e3 * b['row_pass']:.2f} | "
+            f"{1e3 * b['heads']:.2f} | {b['ar_step_gb_per_s']:.3g} | {b['row_pass_gb_per_s']:.3g} |"
+        )
+    return [*lines, ""]
+
+
+def decoding_lines(modes: dict, rows: int) -> list[str]:
+    decodings = [d for m in modes.values() for d in m.get("decodings", [])]
+    if not decodings:
+        return []
+    lines = [
+        f"Decodings, one image through the strategies' `decode()`, each cut after {rows} rows by its row callback; in",
+        "the compiled modes after a warm-up decode of the same rows and seed, which compiles. A pass is seconds /",
+        "forward passes (the prefill among them), both from `out.stats`; GB/s is the weights' bytes x passes a",
+        "second. The ratio divides a pass by the bare pass of its width (`ar`: 1 token; `ssd`, `exact`: a row), of",
+        "the mode it names, captured where it was measured. Calls: the decode's passes and steps that ran compiled /",
+        "eagerly; graphs: compiled during the warm-up / the timed decode (a graph compiled while timed is a",
+        "recompile).",
+        "",
+        "| mode | decoding | rows | passes | seconds | ms / pass | GB/s | a pass / bare pass | calls | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d in decodings:
+        ratio = d.get("per_bare_pass")
+        said = f"{ratio['value']:.2f}x ({ratio['numerator']} / {ratio['denominator']})" if ratio else "-"
+        warm = d.get("warmup", {}).get("graphs_compiled", "-")
+        lines.append(
+            f"| {d['mode']} | {d['decoding']} | {d['rows']} | {d['passes']} | {d['seconds']:.3f} | "
+            f"{1e3 * d['seconds_per_pass']:.2f} | {d['gb_per_s']:.3g} | {said} | {d['compiled_calls']} / "
+            f"{d['eager_calls']} | {warm} / {d['graphs_compiled']} |"
+        )
+    said = sorted(
+        {(d["mode"], w) for d in decodings for w in [*d.get("warmup", {}).get("warnings", []), *d["warnings"]]}
+    )
+    lines += ["", *(f"- {mode}: {w}" for mode, w in said)] if said else []
+    return [*lines, "", *counter_lines(modes)]
+
+
+def counter_lines(modes: dict) -> list[str]:
+    """dynamo's and inductor's counters over each mode's box."""
+    counted = {mode: m["torch"] for mode, m in modes.items() if "torch" in m}
+    lines = [
+        "What torch counted over each mode's box (`torch._dynamo.utils.counters`, for the whole process: abandoned",
+        "work beside a box adds its own): graphs compiled and the calls they captured, graph breaks, graphs inductor",
+        "was asked to capture as CUDA graphs and ran without, FX graph cache hits / misses (inductor's compiles).",
+        "A captured skip on a GPU is a regression (`TORCH_LOGS=cudagraphs` names its reason); on a CPU nothing is",
+        "captured, so a count of 0 there says nothing.",
+        "",
+        "| mode | graphs | calls captured | graph breaks | CUDA-graph skips | FX cache hits / misses |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, c in counted.items():
+        stats, inductor = c["stats"], c["inductor"]
+        breaks = ", ".join(f"{reason} x{n}" for reason, n in c["graph_break"].items()) or "0"
+        lines.append(
+            f"| {mode} | {stats.get('unique_graphs', 0)} | {stats.get('calls_captured', 0)} | {breaks} | "
+            f"{inductor.get('cudagraph_skips', 0)} | {inductor.get('fxgraph_cache_hit', 0)} / "
+            f"{inductor.get('fxgraph_cache_miss', 0)} |"
+        )
+    return [*lines, ""] if counted else []
+
+
+def drafter_lines(modes: dict) -> list[str]:
+    measured = {mode: m["drafters"] for mode, m in modes.items() if m.get("drafters")}
+    if not measured:
+        return []
+    kinds = {kind: d["parameters"] for drafted in measured.values() for kind, d in drafted.items()}
+    lines = [
+        "Each vertical drafter drafting one row (the second) and sampling its codes, as block `ssd` does it",
+        "(`SSDDecoding._draft_below` timed alone on random heads of this shape: an in-row drafter goes left to right,",
+        "a step a cell, each with the backbone's output head and a sample), as one step of each mode (compiled: one",
+        "`torch.compile`d step, `SSDDecoding._draft_row`), and its share of that mode's bare row pass.",
+        "",
+        "| drafter | parameters | " + " | ".join(f"ms a row, {mode} | share" for mode in measured) + " |",
+        "|---|---|" + "---|---|" * len(measured),
+    ]
+    for kind, parameters in kinds.items():
+        cells = []
+        for mode, drafted in measured.items():
+            row, bare = drafted.get(kind), modes[mode].get("bare_passes")
+            if row is None:
+                cells += ["-", "-"]
+                continue
+            share = f"{row['seconds_per_row'] / bare['row_pass']:.0%}" if bare else "-"
+            cells += [f"{1e3 * row['seconds_per_row']:.2f}", share]
+        lines.append(f"| {kind} | {parameters:,} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def projection_lines(res: dict, grid: list[int]) -> list[str]:
@@ -221,8 +336,9 @@ def projection_lines(res: dict, grid: list[int]) -> list[str]:
         return []
     lines = [
         "One image at the 7B shape: AR = prefill + cells x the 1-token pass; SSD = prefill + N x (a row pass + the",
-        "per-cell heads), every pass charged a full row (an upper bound). N is the paper's, or the reference model's",
-        "passes against AR's (section A, float32, one image) scaled to this grid.",
+        "per-cell heads), every pass charged a full row (an upper bound), the passes B measured in mode",
+        f"`{res['bare_passes_of']}`. N is the paper's, or the reference model's passes against AR's (section A,",
+        "float32, one image) scaled to this grid.",
         *(
             []
             if grid == [24, 24]
@@ -250,20 +366,27 @@ def memory_lines(res: dict, on_gpu: bool) -> list[str]:
 
 
 def host_sync_lines(res: dict) -> list[str]:
-    if not res.get("decodings"):
+    if not res.get("modes"):
         return []
     lines = [
-        "B's decodes once more: the calls that block the host on a GPU, counted on any device by",
-        "`host_syncs.count_host_syncs` (total (kinds); commonest sites), and on CUDA the warnings of",
-        '`torch.cuda.set_sync_debug_mode("warn")` with their commonest sites.',
+        f"B's decodes over {res['rows']} rows, counted inside each mode's box while its graphs were warm: the calls",
+        "that block the host on a GPU, counted on any device by `host_syncs.count_host_syncs` (total (kinds);",
+        "commonest sites) on the thread the passes run on. There the compiled functions run eagerly",
+        '(`torch.compiler.set_stance("force_eager")`: dynamo does not trace under the counter\'s dispatch mode), so',
+        "what is counted is the host code between the graphs, the compiled path's own; a graph holds no sync",
+        '(fullgraph=True breaks on one). On CUDA, the warnings of `torch.cuda.set_sync_debug_mode("warn")` over',
+        "the same decode run compiled, with their commonest sites.",
         "",
-        "| decoding | passes | host syncs a pass | counted | sync warnings (CUDA) | their sites |",
-        "|---|---|---|---|---|---|",
+        "| mode | decoding | passes | host syncs a pass | counted | sync warnings (CUDA) | their sites |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for label, r in res["decodings"].items():
-        warned = "-" if r["sync_warnings"] is None else r["sync_warnings"]
-        sites = ", ".join(f"{site} x{n}" for site, n in r["top_sites"]) if r["top_sites"] else "-"
-        lines.append(f"| {label} | {r['passes']} | {r['per_pass']:.2f} | {r['summary']} | {warned} | {sites} |")
+    for mode, counted in res["modes"].items():
+        for label, r in counted.items():
+            warned = "-" if r["sync_warnings"] is None else r["sync_warnings"]
+            sites = ", ".join(f"{site} x{n}" for site, n in r["top_sites"]) if r["top_sites"] else "-"
+            lines.append(
+                f"| {mode} | {label} | {r['passes']} | {r['per_pass']:.2f} | {r['summary']} | {warned} | {sites} |"
+            )
     return [*lines, ""]
 
 
@@ -288,7 +411,7 @@ def markdown(results: dict, on_gpu: bool) -> list[str]:
     ]
     body = {
         "A": lambda res: reference_lines(res, env["reference_batches"]),
-        "B": lambda res: janus_lines(res, env["janus_dtype"]),
+        "B": lambda res: janus_lines(res, env["janus_dtype"], env["tiny"]),
         "C": lambda res: projection_lines(res, results["B"].get("grid")),
         "D": lambda res: memory_lines(res, on_gpu),
         "E": host_sync_lines,
