@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..backbones.base import ImageBackbone
+from ..backbones.base import ImageBackbone, PromptBatch
 from ..decoding import DecodingStrategy
 from ..decoding.block import Block
 from ..decoding.run import both_branches
@@ -41,12 +42,23 @@ def grid_index(codes: torch.Tensor, codebook_size: int) -> torch.Tensor:
     return (flat * weights).sum(-1)
 
 
+Encode = Callable[[int, bool], PromptBatch]
+"""encode(images, guidance): the prompt batch of `images` images of the grid under test."""
+
+
+def prompt_of(backbone: ImageBackbone, prompt: str) -> Encode:
+    """The batch of one prompt, repeated: the grid is the backbone's."""
+    return lambda images, guidance: backbone.encode_prompts([prompt], num_images_per_prompt=images, guidance=guidance)
+
+
 @torch.inference_mode()
-def grid_probabilities(backbone: ImageBackbone, prompt: str, sampling: SamplingConfig) -> torch.Tensor:
-    """Exact AR probability of every grid, indexed as `grid_index`. -> [K^(R*C)]"""
-    grid = backbone.grid
+def grid_probabilities(backbone: ImageBackbone, prompt: str | Encode, sampling: SamplingConfig) -> torch.Tensor:
+    """Exact AR probability of every grid, indexed as `grid_index`. -> [K^(R*C)]
+    prompt: a prompt of the backbone's grid, or what encodes the batch (`Encode`: a grid of its own, a prefix)."""
+    encode = prompt_of(backbone, prompt) if isinstance(prompt, str) else prompt
+    grid = encode(1, False).grid or backbone.grid
     grids = torch.tensor(list(itertools.product(range(grid.codebook_size), repeat=grid.num_cells)))  # [G, n]
-    prompts = backbone.encode_prompts([prompt], num_images_per_prompt=len(grids), guidance=sampling.uses_guidance)
+    prompts = encode(len(grids), sampling.uses_guidance)
     state, h_first = backbone.prefill(prompts)
     block = Block(grid, 0, grid.num_cells)
     hidden = backbone.extend(state, block.embed(backbone, both_branches(grids, sampling.uses_guidance)))
@@ -113,11 +125,15 @@ def measure(
     seed: int,
     probs: torch.Tensor,
     label: str | None = None,
+    prompt: str | Encode = TOY_PROMPT,
 ) -> ExactnessRow:
-    """Draw `samples` grids in one batch and compare their frequencies with `probs`."""
-    prompts = backbone.encode_prompts([TOY_PROMPT], num_images_per_prompt=samples, guidance=sampling.uses_guidance)
-    out = strategy.decode(backbone, prompts, sampling, generator=torch.Generator().manual_seed(seed))
-    counts = torch.bincount(grid_index(out.codes, backbone.grid.codebook_size), minlength=len(probs))
+    """Draw `samples` grids in one batch and compare their frequencies with `probs` (prompt: as
+    `grid_probabilities` was given)."""
+    encode = prompt_of(backbone, prompt) if isinstance(prompt, str) else prompt
+    prompts = encode(samples, sampling.uses_guidance)
+    grid = prompts.grid or backbone.grid
+    out = strategy.decode(backbone, prompts, sampling, generator=torch.Generator().manual_seed(seed), grid=grid)
+    counts = torch.bincount(grid_index(out.codes, grid.codebook_size), minlength=len(probs))
     return ExactnessRow(
         label or strategy.name,
         total_variation(counts / samples, probs),
