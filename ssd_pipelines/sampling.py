@@ -277,9 +277,20 @@ class NoiseTape:
     draws its steps' rows in order, `steps_ahead` of them at a time. So an image's codes still depend only on its
     own generator, and the steps a decoding takes decide how much of the tape it reads, not what is on it."""
 
-    def __init__(self, generator: RandomSource, batch: int, width: int, device: torch.device, steps_ahead: int = 32):
+    def __init__(
+        self,
+        generator: RandomSource,
+        batch: int,
+        width: int,
+        device: torch.device,
+        steps_ahead: int = 32,
+        images: int | None = None,
+    ):
+        """images: the batch's real images, when it is padded to `batch` with clones of its last (`batch_buckets`):
+        they draw as an unpadded batch would, and the clones repeat the last one's noise."""
         self.generator, self.batch, self.width, self.device = generator, batch, width, device
         self.steps_ahead = steps_ahead
+        self.images = batch if images is None else images
         self.piece: torch.Tensor | None = None  # [steps_ahead, B, width]
         self.used = steps_ahead
 
@@ -293,8 +304,20 @@ class NoiseTape:
 
     def _draw(self) -> torch.Tensor:
         if isinstance(self.generator, ImageGenerators):  # image b's steps in order, as drawn one by one
-            return to_device(self.generator.each((self.steps_ahead, self.width)).transpose(0, 1), self.device)
-        return uniform((self.steps_ahead, self.batch, self.width), self.generator, self.device)
+            noise = to_device(self.generator.each((self.steps_ahead, self.width)).transpose(0, 1), self.device)
+        else:
+            noise = uniform((self.steps_ahead, self.images, self.width), self.generator, self.device)
+        return repeat_last_image(noise, self.batch, dim=1).contiguous()  # one layout: compiled steps guard on strides
+
+
+def repeat_last_image(noise: torch.Tensor, images: int, dim: int = 0) -> torch.Tensor:
+    """Noise of a batch's real images along `dim`, the last image's repeated up to `images` (a padded batch's clones
+    draw what the image they clone draws, `batch_buckets`)."""
+    extra = images - noise.shape[dim]
+    if extra == 0:
+        return noise
+    last = noise.narrow(dim, noise.shape[dim] - 1, 1)
+    return torch.cat([noise, last.expand(*(extra if d == dim else -1 for d in range(noise.dim())))], dim=dim)
 
 
 def reweighted(p: torch.Tensor, q_old: torch.Tensor, q_new: torch.Tensor, power: float) -> torch.Tensor:

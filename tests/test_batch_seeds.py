@@ -11,7 +11,7 @@ length says what to pass.
 import pytest
 import torch
 
-import ssd_pipelines.decoding.ssd as ssd_module
+import ssd_pipelines.decoding.run as run_module
 from ssd_pipelines import ImageGenerators, SSDAutoregressivePipeline
 from ssd_pipelines.decoding.frontier import FrontierRun
 from ssd_pipelines.hub import BUNDLED_MODEL
@@ -97,13 +97,13 @@ def test_images_come_out_prompt_by_prompt(pipe):
 def test_block_ssd_noise_that_follows_the_batch_is_caught(pipe, monkeypatch):
     """The test above sees the rule: a block draws the same noise per image whatever its batch. If what it drew
     followed the batch (here a round more per image in it), an image's codes would follow the batch too."""
-    right = ssd_module.uniform
+    right = run_module.uniform
 
     def by_batch(shape, generator, device):
         images, rounds, cells = shape
         return right((images, rounds + images, cells), generator, device)[:, :rounds]
 
-    monkeypatch.setattr(ssd_module, "uniform", by_batch)
+    monkeypatch.setattr(run_module, "uniform", by_batch)  # DecodeRun.uniform draws a block's noise
     seeds = list(range(len(PROMPTS)))
     batch = codes(pipe, PROMPTS, seeded(*seeds), decoding="ssd", verify_rounds=6)
     alone = [

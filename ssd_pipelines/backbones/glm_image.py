@@ -18,6 +18,7 @@ prompt is the preview's prompt followed by the preview's codes (`after_preview`)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -39,15 +40,17 @@ def target_grids(height: int, width: int) -> tuple[tuple[int, int], tuple[int, i
     return (rows, cols), (int(math.sqrt(ratio) * (FACTOR // 2)), int(math.sqrt(1 / ratio) * (FACTOR // 2)))
 
 
+@dataclass
 class GlmImagePromptBatch(PromptBatch):
     """A prompt batch of GLM-Image: for text to image the preview's prompt (`grid` the preview grid, `large` the grid
     after it), or the large grid's, whose prompt ends with the preview's codes (`preview`)."""
 
-    def __init__(self, batch: PromptBatch, large: ImageGrid, preview: ImageGrid | None = None):
-        super().__init__(
-            batch.input_ids, batch.attention_mask, batch.batch_size, batch.guidance, batch.grid, batch.notes
-        )
-        self.large, self.preview = large, preview
+    large: ImageGrid | None = None
+    preview: ImageGrid | None = None
+
+    @classmethod
+    def of(cls, batch: PromptBatch, large: ImageGrid, preview: ImageGrid | None = None) -> GlmImagePromptBatch:
+        return cls(**{f.name: getattr(batch, f.name) for f in fields(PromptBatch)}, large=large, preview=preview)
 
 
 class GlmImageBackbone(CausalLMBackbone):
@@ -129,7 +132,7 @@ class GlmImageBackbone(CausalLMBackbone):
             unconditional = [self._prompt_ids(n, height, width) for n in negatives]
         pad = self.model.config.text_config.pad_token_id
         batch = left_padded_batch(conditional, unconditional, num_images_per_prompt, pad, preview)
-        return GlmImagePromptBatch(batch, large)
+        return GlmImagePromptBatch.of(batch, large)
 
     def after_preview(self, batch: GlmImagePromptBatch, codes: torch.Tensor) -> GlmImagePromptBatch:
         """The large grid's prompts: each preview prompt followed by its image's preview codes [B, R, C]."""
@@ -141,7 +144,7 @@ class GlmImageBackbone(CausalLMBackbone):
         ids = torch.cat([batch.input_ids, rows], dim=1)
         mask = torch.cat([batch.attention_mask, torch.ones_like(rows)], dim=1)
         large = PromptBatch(ids, mask, batch.batch_size, batch.guidance, batch.large, batch.notes)
-        return GlmImagePromptBatch(large, batch.large, preview=batch.grid)
+        return GlmImagePromptBatch.of(large, batch.large, preview=batch.grid)
 
     def _prompt_ids(self, prompt: str, height: int, width: int) -> list[int]:
         if self.processor is None:

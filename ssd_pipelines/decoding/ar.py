@@ -10,7 +10,7 @@ be inflated.
 
 from __future__ import annotations
 
-from ..sampling import NoiseTape, sample_with
+from ..sampling import sample_with
 from .block import Block
 from .run import DecodeRun
 from .strategy import DecodingStrategy
@@ -21,6 +21,7 @@ class ARDecoding(DecodingStrategy):
     predicting every cell, in both guidance branches: the training data of the drafting heads."""
 
     name = "ar"  # its summary, lossless, needs_heads and options: catalog.py
+    pads_batches = True
 
     def __init__(self, record_hidden: bool = False):
         self.record_hidden = record_hidden
@@ -29,7 +30,7 @@ class ARDecoding(DecodingStrategy):
         grid = run.grid
         state, h_next = run.prefill()  # h_next: [B', d], predicts the next cell
         run.final_round.zero_()  # every cell is drawn from its exact distribution
-        noise = NoiseTape(run.generator, run.prompts.batch_size, 1, run.codes.device)  # what drawing cell by cell gives
+        noise = run.noise_tape(1)  # what drawing cell by cell gives
         if self.record_hidden:
             run.hidden = h_next.new_empty(h_next.shape[0], grid.num_cells, h_next.shape[-1])
         for cell in range(grid.num_cells):

@@ -27,6 +27,7 @@ class AutoDecoding(DecodingStrategy):
     Its statistics name the one that decoded (`DecodeStats.chosen_decoding`)."""
 
     name = "auto"  # its summary, lossless, needs_heads and options: catalog.py
+    pads_batches = True
 
     def __init__(self, heads: DraftHeads, exact_max_batch: int | None = EXACT_MAX_BATCH.default, window=None):
         """exact_max_batch: the largest batch (images, not guidance rows) decoded with `exact` (None: the default).
@@ -42,6 +43,6 @@ class AutoDecoding(DecodingStrategy):
         return self.exact if images <= self.exact_max_batch else self.ar
 
     def _decode(self, run: DecodeRun) -> None:
-        chosen = self.choose(run.prompts.batch_size)
+        chosen = self.choose(run.images)
         run.stats.chosen_decoding = chosen.name
         chosen._decode(run)

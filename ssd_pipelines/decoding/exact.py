@@ -19,6 +19,7 @@ class ExactDecoding(DecodingStrategy):
     """Lossless: returns exactly the AR distribution, at most one pass per image position and usually far fewer."""
 
     name = "exact"  # its summary, lossless, needs_heads and options: catalog.py
+    pads_batches = True
 
     def __init__(self, heads: DraftHeads, window: int | None = None, repropose: float = REPROPOSE_POWER):
         """window: positions each pass runs per image (one row, end-of-line included, when None). repropose: see

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import DraftHeads
-from ..sampling import NoiseTape, reweighted, sample_with, verify_with
+from ..sampling import reweighted, sample_with, verify_with
 from .run import DecodeRun
 from .sliding import Progress, SlidingWindow, Window
 
@@ -102,7 +102,7 @@ class FrontierRun(SlidingWindow):
         self.passed = full("frontier.passed", (batch, grid.num_cells), False, torch.bool, device)  # hidden from a pass
         # A pass's noise: acceptance, residual and fresh draws and two for re-proposals at each of its W + 1
         # positions, then one for each cell drafted before it.
-        self.noise = NoiseTape(run.generator, batch, 5 * (W + 1) + W, device)
+        self.noise = run.noise_tape(5 * (W + 1) + W)
 
     @property
     def compile_key(self) -> tuple:

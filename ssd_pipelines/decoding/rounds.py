@@ -13,9 +13,12 @@ from .output import DecodeStats
 
 
 class RoundCounter:
-    def __init__(self, most_rounds: int, device: torch.device, state_full) -> None:
+    def __init__(self, most_rounds: int, device: torch.device, state_full, real: torch.Tensor | None = None) -> None:
         """most_rounds: a bound on any cell's verifications (a frontier moves every pass: the passes' bound).
-        state_full: the runner's `full`, which makes the state compiled steps write in place."""
+        state_full: the runner's `full`, which makes the state compiled steps write in place. real: which images
+        [B] of a padded batch are real, the rows `add` counts (`batch_buckets`: a mask, so that the count of real
+        images never enters a graph)."""
+        self.real = real
         self.drafted = state_full("rounds.drafted", (most_rounds,), 0, torch.long, device)
         self.accepted = state_full("rounds.accepted", (most_rounds,), 0, torch.long, device)
         self.reached = 0  # rounds that `add_round` ran: they have an entry even when they verified no drafted cell
@@ -28,6 +31,8 @@ class RoundCounter:
 
     def add(self, checks_before: torch.Tensor, checked: torch.Tensor, accepted: torch.Tensor) -> None:
         """Cells of one pass: their earlier verifications, whether this pass checked them, whether it kept them."""
+        if self.real is not None:
+            checked = checked & self.real.view(-1, *(1,) * (checked.dim() - 1))
         index = checks_before.flatten().clamp(0, len(self.drafted) - 1)
         self.drafted.scatter_add_(0, index, checked.flatten().long())
         self.accepted.scatter_add_(0, index, (checked & accepted).flatten().long())

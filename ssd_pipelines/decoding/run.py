@@ -9,7 +9,18 @@ from __future__ import annotations
 import torch
 
 from ..backbones.base import ImageBackbone, ImageGrid, KVState, PromptBatch
-from ..sampling import RandomSource, SamplingConfig, SamplingTensors, random_source, sample, target_probs
+from ..sampling import (
+    NoiseTape,
+    RandomSource,
+    SamplingConfig,
+    SamplingTensors,
+    random_source,
+    repeat_last_image,
+    sample,
+    target_probs,
+    uniform,
+)
+from .batch_buckets import real_rows
 from .block import Block
 from .output import UNDECODED, DecodeOutput, DecodeStats
 
@@ -31,20 +42,23 @@ def both_branches(x: torch.Tensor, guidance: bool) -> torch.Tensor:
 class DecodeRun:
     """One decoding call: the backbone, the sampling path, the codes so far and the statistics."""
 
-    def __init__(self, backbone, prompts, grid, sampling, generator, callback, strategy_name):
+    def __init__(self, backbone, prompts, grid, sampling, generator, callback, strategy_name, images=None):
+        """images: the real images when `prompts` is padded with clones of its last (`batch_buckets`)."""
         self.backbone: ImageBackbone = backbone
         self.prompts: PromptBatch = prompts
+        self.images: int = prompts.batch_size if images is None else images
         self.grid: ImageGrid = grid
         self.sampling: SamplingConfig = sampling
         self.settings = SamplingTensors.of(sampling, backbone.device)  # what compiled steps read: never a recompile
-        self.generator: RandomSource = random_source(generator, prompts.batch_size)
+        self.generator: RandomSource = random_source(generator, self.images)
         self.callback = callback
         cells = (prompts.batch_size, grid.num_cells)
         self.runner = backbone.runner  # who runs the passes and the steps (`backbones/runner.py`)
         device = backbone.device
         self.codes = self.runner.full("codes", cells, UNDECODED, torch.long, device)  # written in place by steps
         self.final_round = self.runner.full("final_round", cells, UNDECODED, torch.long, device)  # see DecodeOutput
-        self.stats = DecodeStats(strategy=strategy_name, images=prompts.batch_size, chosen_decoding=strategy_name)
+        self.real = torch.arange(prompts.batch_size, device=device) < self.images  # [B]: not a padding clone
+        self.stats = DecodeStats(strategy=strategy_name, images=self.images, chosen_decoding=strategy_name)
         self.hidden: torch.Tensor | None = None  # set by strategies that record states for distillation
         self.stopped = False
         self.warnings: list[str] = []  # for the caller to show (`DecodeOutput.warnings`)
@@ -66,6 +80,17 @@ class DecodeRun:
     def probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden states [B', ..., d] -> target distributions [B, ..., K]."""
         return target_probs(self.backbone.code_logits(hidden), self.settings)
+
+    def noise_tape(self, width: int) -> NoiseTape:
+        """The noise of a decoding loop, `width` uniforms a step per image; padding images draw their clone's."""
+        batch = self.prompts.batch_size
+        return NoiseTape(self.generator, batch, width, self.codes.device, images=self.images)
+
+    def uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """U[0, 1) noise [B, ...] drawn in one piece, image b's row from its generator; padding images repeat the
+        last real one's."""
+        noise = uniform((self.images, *shape[1:]), self.generator, self.codes.device)
+        return repeat_last_image(noise, shape[0])
 
     def sample(self, probs: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
         """One code per distribution [B, ..., K] -> [B, ...]; for flattened cells [n, K], images [n] says whose each
@@ -120,17 +145,18 @@ class DecodeRun:
             self.rows_committed(rows - 1)
 
     def _committed_grid(self, cells: torch.Tensor) -> torch.Tensor:
-        """A copy of [B, R * C] as [B, R, C], UNDECODED in every row past `rows_completed` (a block may have
-        filled rows that were never reported, or stopped halfway)."""
-        grid = cells.view(-1, self.grid.rows, self.grid.cols).clone()
+        """A copy of the real images' [B, R * C] as [B, R, C], UNDECODED in every row past `rows_completed` (a block
+        may have filled rows that were never reported, or stopped halfway)."""
+        grid = cells[: self.images].view(-1, self.grid.rows, self.grid.cols).clone()
         grid[:, self.stats.rows_completed :] = UNDECODED
         return grid
 
     def output(self) -> DecodeOutput:
         self.stats.interrupted = self.stats.rows_completed < self.grid.rows
-        hidden = (
-            None if self.hidden is None else self.hidden.view(-1, self.grid.rows, self.grid.cols, self.hidden.shape[-1])
-        )
+        hidden = None
+        if self.hidden is not None:
+            hidden = real_rows(self.hidden, self.images, self.prompts.batch_size)
+            hidden = hidden.view(-1, self.grid.rows, self.grid.cols, self.hidden.shape[-1])
         return DecodeOutput(
             self._committed_grid(self.codes), self.stats, self._committed_grid(self.final_round), hidden, self.warnings
         )

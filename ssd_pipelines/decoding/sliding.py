@@ -81,7 +81,7 @@ class SlidingWindow(ABC):
         full = run.runner.full  # state the compiled steps write in place
         self.done = full("window.done", (batch,), 0, torch.long, device)  # [B] committed positions
         self.verifications = full("window.verifications", (batch, grid.num_cells), 0, torch.long, device)
-        self.rounds = RoundCounter(grid.sequence_length + 2, device, full)  # every pass finalises a token: 1 + S passes
+        self.rounds = RoundCounter(grid.sequence_length + 2, device, full, run.real)  # every pass finalises a token
 
     def decode(self) -> None:
         """The loop, reading the host once a pass. Read late, a pass is queued on what the device said before the

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import DraftHeads
-from ..sampling import sample_with, uniform, verify_with
+from ..sampling import sample_with, verify_with
 from .block import Block
 from .frontier import FrontierRun
 from .options import VERIFY_ROUNDS, VERTICAL_ROWS, WINDOW
@@ -53,6 +53,7 @@ class SSDDecoding(DecodingStrategy):
     """The paper's decoding: horizontal heads for the first row, vertical heads for the rest, r rounds."""
 
     name = "ssd"  # its summary, lossless, needs_heads and options: catalog.py
+    pads_batches = True
 
     def __init__(
         self,
@@ -124,11 +125,7 @@ class SSDDecoding(DecodingStrategy):
         row_embeds = h_next.new_zeros(h_next.shape[0], run.grid.cols, run.backbone.embed_size)
         for index, block in enumerate(blocks):
             # The block's noise, drawn whole: its drafts', then acceptance and residual draws for every round.
-            noise = uniform(
-                (run.prompts.batch_size, 1 + 2 * self.max_rounds(block), block.num_cells),
-                run.generator,
-                run.codes.device,
-            )
+            noise = run.uniform((run.prompts.batch_size, 1 + 2 * self.max_rounds(block), block.num_cells))
             if block.first_row == 0:
                 codes, q = self._draft_right(run, block, h_next, noise[:, 0])
             else:
@@ -231,9 +228,11 @@ class SSDDecoding(DecodingStrategy):
             active = ~converged
             codes = torch.where(active[:, None], new_codes, codes)
             final_round = torch.where(active[:, None] & ~accepted, round_index + 2, final_round)
-            # The first cell is drawn from its exact target and always accepted: it is not counted as drafted.
+            # The first cell is drawn from its exact target and always accepted: it is not counted as drafted. Nor
+            # are a padded batch's clones (`batch_buckets`).
+            counted = active & run.real
             rounds.add_round(
-                round_index, active.sum() * (block.num_cells - 1), (accepted[:, 1:] & active[:, None]).sum()
+                round_index, counted.sum() * (block.num_cells - 1), (accepted[:, 1:] & counted[:, None]).sum()
             )
             converged |= accepted.all(dim=1)
             if bool(converged.all()):  # the round's one read of the host

@@ -17,6 +17,7 @@ import torch
 from ..backbones.base import ImageBackbone, ImageGrid, PromptBatch
 from ..backbones.compiled import CALL_REPORT, CompileReport
 from ..sampling import RandomSource, SamplingConfig
+from .batch_buckets import bucket, padded_prompts
 from .catalog import DECODINGS
 from .options import DecodingOption
 from .output import DecodeOutput
@@ -40,6 +41,9 @@ class DecodingStrategy(ABC):
     lossless: ClassVar[bool]
     needs_heads: ClassVar[bool] = False
     options: ClassVar[tuple[DecodingOption, ...]] = ()
+    # Whether every draw of the strategy goes through `DecodeRun.noise_tape` or `DecodeRun.uniform`, so that a batch
+    # padded to a bucket gives its real images their unpadded codes (`batch_buckets.py`): the engine's do.
+    pads_batches: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,7 +77,10 @@ class DecodingStrategy(ABC):
         )
 
     def _decode_call(self, backbone, prompts, sampling, generator, callback, grid) -> DecodeOutput:
-        run = DecodeRun(backbone, prompts, grid or backbone.grid, sampling, generator, callback, self.name)
+        images = prompts.batch_size
+        if self.pads_batches and backbone.runner.buckets_batches:  # few batch sizes, few graphs
+            prompts = padded_prompts(prompts, bucket(images))
+        run = DecodeRun(backbone, prompts, grid or backbone.grid, sampling, generator, callback, self.name, images)
         run.stats.round_cap = self.round_cap
         started = time.perf_counter()
         report = CompileReport()
