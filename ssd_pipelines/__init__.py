@@ -25,6 +25,8 @@ _EXPORTS = {  # name: the module that defines it
     "LlamaGridBackbone": ".backbones",
     "SSDAutoregressivePipeline": ".pipeline_ssd",
     "SSDDecoding": ".decoding",
+    "SSDGlmImagePipeline": ".pipeline_glm_image",
+    "SSDGlmImagePipelineOutput": ".pipeline_glm_image",
     "SSDPipelineOutput": ".pipeline_ssd",
     "SamplingConfig": ".sampling_config",
     "make_strategy": ".decoding",
