@@ -26,6 +26,7 @@ class EagerRunner:
     active = False  # whether the passes run compiled
     static = False  # whether the passes over the image take static shapes (one graph a width)
     cuda_graphs = False
+    compiles_steps = False  # whether `step` compiles: a step's loop then runs as one graph
     buckets_batches = False  # whether a call's batch is padded to a bucket, so few batch sizes compile
 
     def full(self, role: str, shape: tuple[int, ...], fill, dtype: torch.dtype, device) -> torch.Tensor:
@@ -79,6 +80,7 @@ class CompiledRunner(EagerRunner):
                 "unset (enable_compiled_passes then takes static passes under CUDA graphs)."
             )
         self.options = options
+        self.compiles_steps = True
         self.buckets_batches = True  # graphs are per batch size: a few (`decoding/batch_buckets.py`)
         self.cuda_graphs = uses_cuda_graphs(options)
         self.static = options.get("dynamic") is False

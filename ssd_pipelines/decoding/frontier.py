@@ -241,7 +241,9 @@ class FrontierRun(SlidingWindow):
         """1. Draft the first `progress.to_draft` cells without a code of each window (all of them), in raster order:
         in `draft_steps` steps, or one a step for an in-row drafter, each drafting every one whose inputs are there.
         The j-th of an image's cells draws with noise [B, W] column j, whichever step drafts it. With static passes
-        every step takes the whole window, its cells past the count masked, so that one graph serves every pass."""
+        every step takes the whole window, its cells past the count masked, so that one graph serves every pass;
+        with compiled steps an in-row drafter takes W steps, all of them one graph (a step past the count drafts
+        nothing), so that neither the count nor a loop of launches follows the data."""
         count = progress.to_draft
         if count == 0:
             return
@@ -252,9 +254,16 @@ class FrontierRun(SlidingWindow):
         valid = (order < self.window) & (torch.arange(width, device=cells.device) < count)
         cells = torch.where(valid, cells.gather(1, order.clamp_max(self.window - 1)), 0)  # cell 0 is never drafted
         first_row = progress.done < self.grid.cols  # some image's window may reach into the first row
-        step = self.run.runner.step(FrontierRun._draft_step, "the drafting step")
-        for _ in range(count if self.drafter.left_codes else self.draft_steps):
-            step(self, cells, valid, noise[:, :width], first_row)
+        steps = self.draft_steps
+        if self.drafter.left_codes:
+            steps = self.window if self.run.runner.compiles_steps else count
+        draft = self.run.runner.step(FrontierRun._draft_steps, "the drafting steps")
+        draft(self, cells, valid, noise[:, :width], first_row, steps)
+
+    def _draft_steps(self, cells, valid, noise, first_row: bool, steps: int) -> None:
+        """`steps` drafting steps in a row: one graph where the steps are compiled."""
+        for _ in range(steps):
+            self._draft_step(cells, valid, noise, first_row)
 
     def _draft_step(self, cells: torch.Tensor, valid: torch.Tensor, noise: torch.Tensor, first_row: bool) -> None:
         """Draft each of cells [B, n] that is `valid`, has no code and whose inputs are there, with noise [B, n]."""
