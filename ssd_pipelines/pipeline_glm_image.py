@@ -14,7 +14,6 @@ caller's generators untouched, so given the same prior tokens and seeds the imag
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from transformers import ByT5Tokenizer, GlmImageForConditionalGeneration, GlmIma
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from .backbones.glm_image import GlmImageBackbone
+from .call_state import PerThreadInterrupt
 from .decoding import check_options, make_strategy, options_for, strategy_class
 from .heads import DraftHeads
 from .hub import HUB_OPTIONS, component_class, pipeline_components, resolve_source
@@ -90,7 +90,7 @@ class PriorTokens:
     warnings: list[str]
 
 
-class SSDGlmImagePipeline(GlmImagePipeline):
+class SSDGlmImagePipeline(PerThreadInterrupt, GlmImagePipeline):
     r"""GLM-Image text to image with the AR stage decoded by Spatially Speculative Decoding.
 
     The components of `GlmImagePipeline`, and:
@@ -112,20 +112,9 @@ class SSDGlmImagePipeline(GlmImagePipeline):
         heads: DraftHeads | None = None,
     ):
         super().__init__(tokenizer, processor, text_encoder, vision_language_encoder, vae, transformer, scheduler)
-        self._call_state = threading.local()  # what one call may change: its interrupt flag
         self.register_modules(heads=None)
         if heads is not None:  # saved, passed or shared heads, checked against the AR model alike
             self.load_heads(heads)
-
-    @property
-    def _interrupt(self) -> bool:
-        """Per thread, as `SSDAutoregressivePipeline`'s: a call served beside another neither stops it nor is
-        stopped by it."""
-        return getattr(self._call_state, "interrupt", False)
-
-    @_interrupt.setter
-    def _interrupt(self, value: bool) -> None:
-        self._call_state.interrupt = bool(value)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, heads=None, **kwargs):

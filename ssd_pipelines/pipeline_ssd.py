@@ -12,7 +12,6 @@ pipeline neither corrupt nor stop each other.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .backbones import ImageBackbone, ImageGrid, adapter_for
 from .backbones.compiled import uses_cuda_graphs
 from .backbones.prompts import check_prompt_lengths
+from .call_state import PerThreadInterrupt
 from .decoding import DEFAULT_DECODING, UNDECODED, make_strategy, strategy_class
 from .heads import DraftHeads
 from .hub import HUB_OPTIONS, check_checkpoint, check_components, check_hub_base_model, resolve_source
@@ -84,7 +84,7 @@ class SSDPipelineOutput(BaseOutput):
     warnings: list[str]
 
 
-class SSDAutoregressivePipeline(DiffusionPipeline):
+class SSDAutoregressivePipeline(PerThreadInterrupt, DiffusionPipeline):
     r"""Text-to-image generation with an autoregressive backbone, decoded by Spatially Speculative Decoding.
 
     Components:
@@ -108,16 +108,6 @@ class SSDAutoregressivePipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(backbone=backbone, tokenizer=tokenizer, vqvae=vqvae, heads=heads)
         self.image_processor = VaeImageProcessor(do_normalize=False)
-        self._call_state = threading.local()  # what one call may change: its interrupt flag
-
-    @property
-    def _interrupt(self) -> bool:
-        """Set to True from `callback_on_step_end` to stop the call running in this thread (diffusers' idiom)."""
-        return getattr(self._call_state, "interrupt", False)
-
-    @_interrupt.setter
-    def _interrupt(self, value: bool) -> None:
-        self._call_state.interrupt = bool(value)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, heads=None, **kwargs):
