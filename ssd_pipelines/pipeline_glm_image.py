@@ -38,9 +38,8 @@ from .backbones.glm_image import GlmImageBackbone
 from .call_state import PerThreadInterrupt
 from .decoding import check_options, make_strategy, options_for, strategy_class
 from .heads import DraftHeads
-from .hub import HUB_OPTIONS, component_class, pipeline_components, resolve_source
-from .loading import load_heads
-from .pipeline_ssd import _check_base_model
+from .hub import HUB_OPTIONS, component_class, pipeline_components
+from .pipeline_ssd import checked_heads
 from .sampling import random_source
 from .sampling_config import SamplingConfig
 
@@ -152,18 +151,8 @@ class SSDGlmImagePipeline(PerThreadInterrupt, GlmImagePipeline):
 
     def load_heads(self, heads: DraftHeads | str | Path, **hub_options) -> None:
         """Plug drafting heads into the pipeline after checking they were made for its AR model."""
-        if not isinstance(heads, DraftHeads):
-            source = resolve_source(str(heads), **hub_options)
-            if source.kind != "heads":
-                raise ValueError(
-                    f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
-                )
-            heads = load_heads(source.location)
         backbone = self.image_backbone
-        heads = torch.nn.Module.to(heads, device=backbone.device, dtype=backbone.dtype)  # as SSDAutoregressivePipeline
-        heads.check_compatible(backbone)
-        _check_base_model(heads.config.base_model, self.config.get("_name_or_path"))
-        self.register_modules(heads=heads)
+        self.register_modules(heads=checked_heads(heads, backbone, backbone.dtype, self.config, **hub_options))
 
     @property
     def image_backbone(self) -> GlmImageBackbone:

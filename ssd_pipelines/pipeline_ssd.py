@@ -193,19 +193,7 @@ class SSDAutoregressivePipeline(PerThreadInterrupt, DiffusionPipeline):
     def load_heads(self, heads: DraftHeads | str | Path, **hub_options) -> None:
         """Plug drafting heads (a `DraftHeads`, a folder or a repository id) into the pipeline after checking they
         were made for this backbone."""
-        if not isinstance(heads, DraftHeads):
-            source = resolve_source(str(heads), **hub_options)
-            if source.kind != "heads":
-                raise ValueError(
-                    f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository."
-                )
-            heads = load_heads(source.location)
-        backbone = self.image_backbone
-        # torch's own `to`: diffusers 0.42's warns on every dtype cast that modules "should be kept in float32: []",
-        # naming none (huggingface/diffusers#13872); heads keep no float32 modules.
-        heads = torch.nn.Module.to(heads, device=backbone.device, dtype=self.backbone.dtype)
-        heads.check_compatible(backbone)
-        _check_base_model(heads.config.base_model, self.config.get("_name_or_path"))
+        heads = checked_heads(heads, self.image_backbone, self.backbone.dtype, self.config, **hub_options)
         self.register_modules(heads=heads)
 
     @property
@@ -483,6 +471,24 @@ def _check_options(unknown: dict, components: tuple[str, ...], source: str) -> N
             f"from_pretrained takes no option {', '.join(map(repr, sorted(unknown)))} for {source}: it takes "
             f"{', '.join(FROM_PRETRAINED_OPTIONS)}, and {' or '.join(components)} to replace a component."
         )
+
+
+def checked_heads(
+    heads: DraftHeads | str | Path, backbone: ImageBackbone, dtype: torch.dtype, config, **hub_options
+) -> DraftHeads:
+    """Drafting heads (a `DraftHeads`, a folder or a repository id) on the backbone's device in `dtype`, after
+    checking they were made for it and, where they name one, for the pipeline `config` was loaded from."""
+    if not isinstance(heads, DraftHeads):
+        source = resolve_source(str(heads), **hub_options)
+        if source.kind != "heads":
+            raise ValueError(f"heads={heads!r} is a pipeline, not drafting heads: pass a heads folder or repository.")
+        heads = load_heads(source.location)
+    # torch's own `to`: diffusers 0.42's warns on every dtype cast that modules "should be kept in float32: []",
+    # naming none (huggingface/diffusers#13872); heads keep no float32 modules.
+    heads = torch.nn.Module.to(heads, device=backbone.device, dtype=dtype)
+    heads.check_compatible(backbone)
+    _check_base_model(heads.config.base_model, config.get("_name_or_path"))
+    return heads
 
 
 def _check_base_model(base: str | None, ours: str | None) -> None:
